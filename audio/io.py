@@ -1,0 +1,79 @@
+"""Decoding audio files and PCM byte frames into 16 kHz mono float32 tensors."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import torch
+import torchaudio.functional as AF
+
+SAMPLE_RATE = 16000  # Whisper's input rate
+MIN_RATE, MAX_RATE = 8000, 48000  # rates accepted from streaming clients
+# torch.from_numpy warns on read-only buffers (websocket frames are bytes); we never write them.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+PCM_DTYPES = {"pcm16": np.dtype("<i2"), "float32": np.dtype("<f4")}
+
+
+class AudioError(ValueError):
+    """Input audio that cannot be decoded; the message says what to fix."""
+
+
+def load_audio(path: str | Path) -> torch.Tensor:
+    """Read any soundfile-supported file (wav/flac/ogg...) -> (samples,) float32 at 16 kHz mono."""
+    path = Path(path)
+    if not path.is_file():
+        raise AudioError(f"{path}: no such file")
+    try:
+        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (n, channels)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
+        raise AudioError(f"{path}: cannot decode audio ({e}); use wav, flac or ogg") from e
+    if data.shape[0] == 0:
+        raise AudioError(f"{path}: the file holds no audio samples")
+    mono = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0])
+    return resample(mono, rate)
+
+
+def resample(audio: torch.Tensor, rate: int) -> torch.Tensor:
+    """(n,) float32 at `rate` -> (n * 16000 / rate,) float32 at 16 kHz (band-limited sinc)."""
+    if rate == SAMPLE_RATE:
+        return audio
+    if rate <= 0:
+        raise AudioError(f"sample rate must be positive, got {rate}")
+    g = np.gcd(int(rate), SAMPLE_RATE)
+    return AF.resample(audio, int(rate) // g, SAMPLE_RATE // g)
+
+
+def check_stream_rate(rate: int) -> int:
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioError(f"sample_rate {rate} is out of range; use {MIN_RATE}-{MAX_RATE} Hz")
+    return rate
+
+
+def pcm_to_float(data: bytes | bytearray | memoryview, encoding: str = "pcm16") -> torch.Tensor:
+    """PCM bytes -> (n,) float32 in [-1, 1]. Zero-copy view for float32, one scale for pcm16.
+
+    np.frombuffer views the bytes without copying and torch.from_numpy shares that memory.
+    """
+    dtype = PCM_DTYPES.get(encoding)
+    if dtype is None:
+        raise AudioError(f"unknown encoding {encoding!r}; use one of {sorted(PCM_DTYPES)}")
+    if len(data) % dtype.itemsize:
+        raise AudioError(
+            f"{encoding} frames must hold a multiple of {dtype.itemsize} bytes, got {len(data)}"
+        )
+    samples = torch.from_numpy(np.frombuffer(data, dtype=dtype))
+    if encoding == "pcm16":
+        return samples.float() / 32768.0
+    if not bool(torch.isfinite(samples).all()):
+        raise AudioError("float32 frames hold NaN or infinite samples")
+    return samples
+
+
+def float_to_pcm16(audio: torch.Tensor | np.ndarray) -> bytes:
+    """(n,) float in [-1, 1] -> little-endian PCM16 bytes (clipped)."""
+    array = audio.numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
+    return (np.clip(array, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()

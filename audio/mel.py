@@ -1,0 +1,86 @@
+"""Whisper log-mel features (n_fft 400, hop 160, 80 or 128 bins), as openai/whisper computes them."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from audio.io import SAMPLE_RATE
+
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 mel frames/s, 10 ms each
+DYNAMIC_RANGE = 8.0  # log10 units kept below the loudest bin (80 dB)
+
+
+def _hz_to_mel(f: np.ndarray) -> np.ndarray:
+    """Slaney mel scale (librosa's default): linear below 1 kHz, logarithmic above."""
+    f = np.asarray(f, dtype=np.float64)
+    mel = f / (200.0 / 3)
+    log_region = f >= 1000.0
+    mel[log_region] = 15.0 + np.log(f[log_region] / 1000.0) / (np.log(6.4) / 27.0)
+    return mel
+
+
+def _mel_to_hz(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, dtype=np.float64)
+    f = m * (200.0 / 3)
+    log_region = m >= 15.0
+    f[log_region] = 1000.0 * np.exp((np.log(6.4) / 27.0) * (m[log_region] - 15.0))
+    return f
+
+
+@lru_cache(maxsize=4)
+def mel_filters(n_mels: int = 80) -> torch.Tensor:
+    """(n_mels, 201) slaney-normalized triangular filters = librosa.filters.mel(16000, 400, n)."""
+    fft_freqs = np.linspace(0, SAMPLE_RATE / 2, 1 + N_FFT // 2)
+    mel_points = _mel_to_hz(np.linspace(_hz_to_mel(np.array([0.0]))[0],
+                                        _hz_to_mel(np.array([SAMPLE_RATE / 2]))[0], n_mels + 2))
+    fdiff = np.diff(mel_points)
+    ramps = np.subtract.outer(mel_points, fft_freqs)
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    weights = np.maximum(0, np.minimum(lower, upper))
+    weights *= (2.0 / (mel_points[2:] - mel_points[:-2]))[:, None]
+    return torch.from_numpy(weights.astype(np.float32))
+
+
+@lru_cache(maxsize=4)
+def _window(device: torch.device) -> torch.Tensor:
+    return torch.hann_window(N_FFT, device=device)
+
+
+def log_mel_power(audio: torch.Tensor, n_mels: int = 80, center: bool = True) -> torch.Tensor:
+    """(..., n) samples -> (..., n_mels, frames) log10 mel power, before range clamp and scaling.
+
+    With center=True (openai/whisper) frames = n // 160 (the last STFT frame is dropped).
+    With center=False the caller supplies 200 samples of context on each side.
+    """
+    window = _window(audio.device)
+    stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, center=center, return_complex=True)
+    magnitudes = stft.abs() ** 2
+    if center:
+        magnitudes = magnitudes[..., :-1]
+    mel = mel_filters(n_mels).to(audio.device) @ magnitudes
+    return torch.clamp(mel, min=1e-10).log10()
+
+
+def normalize_log_mel(log_spec: torch.Tensor, floor: float | torch.Tensor) -> torch.Tensor:
+    """Whisper's range clamp and scaling: max(x, floor) then (x + 4) / 4."""
+    return (torch.maximum(log_spec, torch.as_tensor(floor, dtype=log_spec.dtype)) + 4.0) / 4.0
+
+
+def log_mel_spectrogram(audio: torch.Tensor, n_mels: int = 80, padding: int = 0) -> torch.Tensor:
+    """(n,) float32 16 kHz -> (n_mels, (n + padding) // 160), exactly as openai/whisper.
+
+    The clamp floor is the loudest bin of the whole input minus 80 dB.
+    """
+    if padding > 0:
+        audio = torch.nn.functional.pad(audio, (0, padding))
+    log_spec = log_mel_power(audio, n_mels)
+    return normalize_log_mel(log_spec, log_spec.max() - DYNAMIC_RANGE)

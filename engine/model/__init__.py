@@ -1,0 +1,53 @@
+"""Whisper in plain PyTorch, its weight loaders, tokenizer and decoding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.model.loader import CheckpointError, default_model_path, load_model
+from engine.model.tokenizer import Tokenizer
+from engine.model.whisper import ModelDimensions, Whisper
+
+__all__ = ["CheckpointError", "ModelBundle", "ModelDimensions", "Tokenizer", "Whisper", "load_bundle"]
+
+
+@dataclass
+class ModelBundle:
+    """A loaded model with what decoding needs beside it."""
+
+    model: Whisper
+    tokenizer: Tokenizer
+    suppress: list[int]  # non-speech token ids never sampled
+    model_id: str  # part of every audio item's content hash
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+
+def _suppress_ids(folder: Path, tokenizer: Tokenizer) -> list[int]:
+    for name, key in (("config.json", "suppress_ids"), ("generation_config.json", "suppress_tokens")):
+        file = folder / name
+        if file.is_file():
+            ids = json.loads(file.read_text()).get(key)
+            if ids:
+                return [int(i) for i in ids]
+    if not tokenizer.multilingual:  # English vocabularies share ids: use the bundled list
+        return _suppress_ids(default_model_path(), tokenizer)
+    return []
+
+
+def load_bundle(path: str | Path | None = None, device: str | torch.device | None = None,
+                dtype: torch.dtype | None = None) -> ModelBundle:
+    """Load model, tokenizer and suppress list from a checkpoint (default: bundled tiny.en)."""
+    resolved = Path(path) if path is not None else default_model_path()
+    model = load_model(resolved, device=device, dtype=dtype)
+    tokenizer = Tokenizer.for_model(resolved, model.dims.n_vocab)
+    folder = resolved if resolved.is_dir() else resolved.parent
+    model_id = hashlib.blake2b(f"{resolved.resolve()}:{model.dims}".encode(), digest_size=8).hexdigest()
+    return ModelBundle(model, tokenizer, _suppress_ids(folder, tokenizer), model_id)

@@ -1,0 +1,190 @@
+"""Greedy decoding with Whisper's timestamp rules and guards against repetition loops.
+
+One sequence per call (the engine batches the encoder across sessions; decoding is short
+per window). The logit rules follow openai/whisper's decoding.py: suppress blank at the
+start, suppress non-speech tokens, timestamp pairing and monotonicity, a cap on the first
+and on the last timestamp.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from engine.model.tokenizer import Tokenizer
+from engine.model.whisper import Whisper
+
+TIME_PRECISION = 0.02  # seconds per timestamp token (= one encoder position)
+TOKENS_PER_SECOND = 8  # decoding budget per second of audio (speech is ~3-5 text tokens/s)
+MIN_TOKEN_BUDGET = 12
+MAX_REPEAT_BLOCK = 24  # longest token block checked for back-to-back repetition
+COMPRESSION_RATIO_THRESHOLD = 2.4
+LOGPROB_THRESHOLD = -1.0
+NO_SPEECH_THRESHOLD = 0.6
+MAX_PROMPT_TOKENS = 223  # n_text_ctx // 2 - 1
+
+
+@dataclass
+class DecodingOptions:
+    timestamps: bool = True
+    temperature: float = 0.0
+    prompt: list[int] = field(default_factory=list)  # previous text tokens (no specials)
+    audio_seconds: float = 30.0  # real audio in the window; sets the budget and timestamp cap
+    max_initial_timestamp: float = 1.0
+    seed: int = 0  # for temperature > 0
+
+
+@dataclass
+class DecodingResult:
+    tokens: list[int]  # text and timestamp tokens, without sot/eot
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    compression_ratio: float
+    stop: str  # "eot", "budget" or "repetition"
+    temperature: float = 0.0
+
+    @property
+    def needs_fallback(self) -> bool:
+        return (
+            self.stop != "eot"
+            or self.compression_ratio > COMPRESSION_RATIO_THRESHOLD
+            or self.avg_logprob < LOGPROB_THRESHOLD
+        )
+
+    @property
+    def is_silence(self) -> bool:
+        return self.no_speech_prob > NO_SPEECH_THRESHOLD and self.avg_logprob < LOGPROB_THRESHOLD
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def token_budget(audio_seconds: float, n_text_ctx: int, prompt_length: int) -> int:
+    budget = MIN_TOKEN_BUDGET + math.ceil(audio_seconds * TOKENS_PER_SECOND)
+    return max(1, min(budget, n_text_ctx // 2, n_text_ctx - prompt_length - 1))
+
+
+def repeated_tail(tokens: list[int], min_block: int = 1) -> int:
+    """Length of the trailing back-to-back repetition to drop, or 0.
+
+    A block of k tokens that occurs three times in a row at the end (k=1: five times) is a
+    loop; legitimate repeats ("bye bye") are shorter. Returns the length of the copies past
+    the first occurrence.
+    """
+    n = len(tokens)
+    for k in range(min_block, min(MAX_REPEAT_BLOCK, n // 3) + 1):
+        times = 5 if k == 1 else 3
+        if n < k * times:
+            continue
+        block = tokens[n - k :]
+        if all(tokens[n - k * (i + 1) : n - k * i] == block for i in range(1, times)):
+            return k * (times - 1)
+    return 0
+
+
+class LogitRules:
+    """Suppression and timestamp rules applied to the next-token logits of one sequence."""
+
+    def __init__(self, tokenizer: Tokenizer, suppress: list[int], options: DecodingOptions,
+                 n_vocab: int, device: torch.device):
+        self.tok = tokenizer
+        self.timestamps = options.timestamps
+        self.ts_begin = tokenizer.timestamp_begin
+        mask = torch.zeros(n_vocab, dtype=torch.bool)
+        mask[[t for t in suppress if t < n_vocab]] = True
+        mask[tokenizer.eot + 1 : self.ts_begin] = True  # specials (sot, sot_prev, ...)
+        if not self.timestamps:
+            mask[self.ts_begin :] = True
+        self.suppress = mask.to(device)
+        self.max_initial = round(options.max_initial_timestamp / TIME_PRECISION)
+        self.max_last = round(options.audio_seconds / TIME_PRECISION)  # no timestamp past audio
+
+    def apply(self, logits: Tensor, seq: list[int]) -> Tensor:
+        """logits: (n_vocab,) for the token after `seq` (sampled tokens only) -> masked logits."""
+        logits = logits.masked_fill(self.suppress, -math.inf)
+        if not seq:  # suppress blank at the start
+            logits[[220, self.tok.eot]] = -math.inf
+        if not self.timestamps:
+            return logits
+        ts = self.ts_begin
+        last_ts = len(seq) >= 1 and seq[-1] >= ts
+        penultimate_ts = len(seq) < 2 or seq[-2] >= ts
+        if last_ts:
+            if penultimate_ts:
+                logits[ts:] = -math.inf
+            else:
+                logits[: self.tok.eot] = -math.inf
+        stamps = [t for t in seq if t >= ts]
+        if stamps:
+            floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
+            logits[ts:floor] = -math.inf
+        if not seq:
+            logits[:ts] = -math.inf
+            logits[ts + self.max_initial + 1 :] = -math.inf
+        logits[ts + self.max_last + 1 :] = -math.inf
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if logprobs[ts:].logsumexp(dim=-1) > logprobs[:ts].max():
+            logits[:ts] = -math.inf
+        return logits
+
+
+@torch.inference_mode()
+def decode(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
+           options: DecodingOptions, suppress: list[int]) -> DecodingResult:
+    """audio_features: (1, n_audio_ctx, n_state) encoder output -> one decoded sequence."""
+    prompt = options.prompt[-MAX_PROMPT_TOKENS:]
+    initial = ([tokenizer.sot_prev, *prompt] if prompt else []) + tokenizer.sot_sequence()
+    if not options.timestamps:
+        initial.append(tokenizer.no_timestamps)
+    budget = token_budget(options.audio_seconds, model.dims.n_text_ctx, len(initial))
+    rules = LogitRules(tokenizer, suppress, options, model.dims.n_vocab, audio_features.device)
+    generator = torch.Generator(device=audio_features.device).manual_seed(options.seed)
+
+    cache = model.decoder.new_cache()
+    device = audio_features.device
+    logits = model.decoder(torch.tensor([initial], device=device), audio_features, cache)
+    sot_index = len(initial) - (1 if options.timestamps else 2)
+    no_speech_prob = 0.0
+    if tokenizer.no_speech >= 0:
+        no_speech_prob = float(logits[0, sot_index].softmax(-1)[tokenizer.no_speech])
+
+    seq: list[int] = []
+    sum_logprob = 0.0
+    stop = "budget"
+    for _ in range(budget):
+        next_logits = rules.apply(logits[0, -1], seq)
+        logprobs = torch.log_softmax(next_logits.float(), dim=-1)
+        if options.temperature > 0:
+            probs = (next_logits.float() / options.temperature).softmax(-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+        else:
+            token = int(next_logits.argmax())
+        if token == tokenizer.eot:
+            stop = "eot"
+            break
+        sum_logprob += float(logprobs[token])
+        seq.append(token)
+        drop = repeated_tail(seq)
+        if drop:
+            del seq[-drop:]
+            stop = "repetition"
+            break
+        logits = model.decoder(torch.tensor([[token]], device=device), None, cache)
+
+    text = tokenizer.decode(seq)
+    return DecodingResult(
+        tokens=seq,
+        text=text,
+        avg_logprob=sum_logprob / (len(seq) + 1),
+        no_speech_prob=no_speech_prob,
+        compression_ratio=compression_ratio(text),
+        stop=stop,
+        temperature=options.temperature,
+    )

@@ -1,0 +1,125 @@
+"""Offline transcription of audio of any length: 30 s windows with timestamp-based seeking.
+
+The algorithm is openai/whisper's transcribe(): decode a padded 30 s window, cut it into
+segments at timestamp pairs, move the window to the last complete segment, retry with a
+higher temperature when the output looks like a loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from audio.mel import FRAMES_PER_SECOND, N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from engine.model import ModelBundle
+from engine.model.decoding import TIME_PRECISION, DecodingOptions, DecodingResult, decode
+
+TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
+
+
+@dataclass
+class Segment:
+    start: float  # seconds from the start of the audio
+    end: float
+    text: str
+    tokens: list[int]
+
+
+@dataclass
+class Transcript:
+    text: str
+    segments: list[Segment]
+    duration: float  # seconds of audio
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "duration": round(self.duration, 3),
+            "segments": [
+                {"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text}
+                for s in self.segments
+            ],
+        }
+
+
+def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: list[int],
+                         audio_seconds: float) -> DecodingResult:
+    """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter."""
+    result = None
+    for t in TEMPERATURES:
+        options = DecodingOptions(prompt=prompt if t <= 0.5 else [], temperature=t,
+                                  audio_seconds=audio_seconds)
+        result = decode(bundle.model, bundle.tokenizer, features, options, bundle.suppress)
+        if result.is_silence or not result.needs_fallback:
+            break
+    assert result is not None
+    return result
+
+
+def split_segments(tokens: list[int], ts_begin: int, offset: float, window_seconds: float,
+                   tokenizer) -> tuple[list[Segment], float]:
+    """Timestamped tokens -> (segments with absolute times, seconds consumed in this window)."""
+    is_ts = [t >= ts_begin for t in tokens]
+    single_ending = len(tokens) >= 2 and not is_ts[-2] and is_ts[-1]
+    cuts = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
+    segments = []
+    if cuts:
+        if single_ending:
+            cuts.append(len(tokens))
+        last = 0
+        for cut in cuts:
+            piece = tokens[last:cut]
+            start = (piece[0] - ts_begin) * TIME_PRECISION if piece[0] >= ts_begin else 0.0
+            end = (piece[-1] - ts_begin) * TIME_PRECISION if piece[-1] >= ts_begin else start
+            text_tokens = [t for t in piece if t < ts_begin]
+            segments.append(Segment(offset + start, offset + end,
+                                    tokenizer.decode(text_tokens), text_tokens))
+            last = cut
+        consumed = window_seconds if single_ending else (tokens[last - 1] - ts_begin) * TIME_PRECISION
+    else:
+        stamps = [t for t in tokens if t >= ts_begin]
+        end = window_seconds
+        if stamps and stamps[-1] != ts_begin:
+            end = (stamps[-1] - ts_begin) * TIME_PRECISION
+        text_tokens = [t for t in tokens if t < ts_begin]
+        segments.append(Segment(offset, offset + end, tokenizer.decode(text_tokens), text_tokens))
+        consumed = window_seconds
+    return segments, consumed
+
+
+@torch.inference_mode()
+def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
+    """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
+    model, tokenizer = bundle.model, bundle.tokenizer
+    duration = audio.shape[0] / 16000
+    mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES)
+    content_frames = mel.shape[-1] - N_FRAMES
+    segments: list[Segment] = []
+    history: list[int] = []  # text tokens of earlier windows, the prompt
+    seek = 0
+    while seek < content_frames:
+        window_frames = min(N_FRAMES, content_frames - seek)
+        window_seconds = window_frames / FRAMES_PER_SECOND
+        offset = seek / FRAMES_PER_SECOND
+        chunk = mel[:, seek : seek + N_FRAMES].to(model.device, model.dtype)  # (n_mels, 3000)
+        features = model.encoder(chunk[None])  # (1, 1500, n_state)
+        result = decode_with_fallback(bundle, features, history, window_seconds)
+        if result.is_silence:
+            seek += window_frames
+            continue
+        new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset,
+                                       window_seconds, tokenizer)
+        for segment in new:
+            start = max(segment.start, segments[-1].end if segments else 0.0)
+            segment.start, segment.end = min(start, duration), min(max(segment.end, start), duration)
+            if segment.text.strip():
+                segments.append(segment)
+                history.extend(segment.tokens)
+        if result.temperature > 0.5:
+            history = []
+        # move at least one timestamp step so a window never repeats
+        seek += max(INPUT_STRIDE, min(window_frames, round(consumed * FRAMES_PER_SECOND)))
+    text = "".join(s.text for s in segments).strip()
+    return Transcript(text=text, segments=segments, duration=duration)

@@ -1,0 +1,241 @@
+"""Whisper encoder-decoder in plain PyTorch.
+
+Follows openai/whisper's model.py, with two changes that a serving engine needs:
+- the kv-cache is explicit (a `DecoderCache` passed in and returned), no forward hooks;
+- the encoder is split into a position-independent conv stem (`AudioEncoder.stem`, whose
+  per-frame outputs the engine caches per audio item) and the transformer over a window
+  (`AudioEncoder.transformer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelDimensions:
+    n_mels: int  # 80
+    n_audio_ctx: int  # 1500 encoder positions = 30 s
+    n_audio_state: int  # 384 for tiny
+    n_audio_head: int
+    n_audio_layer: int
+    n_vocab: int  # 51864 English-only, 51865+ multilingual
+    n_text_ctx: int  # 448
+    n_text_state: int
+    n_text_head: int
+    n_text_layer: int
+
+
+class LayerNorm(nn.LayerNorm):
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.float()).type(x.dtype)
+
+
+class Linear(nn.Linear):
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class Conv1d(nn.Conv1d):
+    def _conv_forward(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        bias = None if bias is None else bias.to(x.dtype)
+        return super()._conv_forward(x, weight.to(x.dtype), bias)
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000) -> Tensor:
+    """Sinusoidal positional embeddings, as openai/whisper."""
+    assert channels % 2 == 0
+    log_timescale_increment = np.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-log_timescale_increment * torch.arange(channels // 2))
+    scaled_time = torch.arange(length)[:, None] * inv_timescales[None, :]
+    return torch.cat([torch.sin(scaled_time), torch.cos(scaled_time)], dim=1)
+
+
+@dataclass
+class LayerCache:
+    """Keys and values of one decoder layer; tensors are (batch, time, n_state)."""
+
+    self_k: Tensor | None = None
+    self_v: Tensor | None = None
+    cross_k: Tensor | None = None
+    cross_v: Tensor | None = None
+
+
+@dataclass
+class DecoderCache:
+    """The explicit kv-cache of a decoding batch."""
+
+    layers: list[LayerCache] = field(default_factory=list)
+    num_tokens: int = 0  # tokens already in the self-attention cache (= next position)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only the given batch rows (for finished sequences or beam reordering)."""
+        for layer in self.layers:
+            for name in ("self_k", "self_v", "cross_k", "cross_v"):
+                value = getattr(layer, name)
+                if value is not None:
+                    setattr(layer, name, value[rows])
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, n_state: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.query = Linear(n_state, n_state)
+        self.key = Linear(n_state, n_state, bias=False)
+        self.value = Linear(n_state, n_state)
+        self.out = Linear(n_state, n_state)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+        """q: (B, Tq, D), k/v: (B, Tk, D) -> (B, Tq, D). Projections are done by the caller."""
+        b, tq, d = q.shape
+        h = self.n_head
+        q = q.view(b, tq, h, d // h).transpose(1, 2)  # (B, H, Tq, D/H)
+        k = k.view(b, k.shape[1], h, d // h).transpose(1, 2)
+        v = v.view(b, v.shape[1], h, d // h).transpose(1, 2)
+        # causal with a cache: query i sits at position (Tk - Tq + i) and may see keys <= it
+        mask = None
+        if causal and tq > 1:
+            tk = k.shape[2]
+            mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(out.transpose(1, 2).reshape(b, tq, d))
+
+
+class ResidualAttentionBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int, cross_attention: bool = False):
+        super().__init__()
+        self.attn = MultiHeadAttention(n_state, n_head)
+        self.attn_ln = LayerNorm(n_state)
+        self.cross_attn = MultiHeadAttention(n_state, n_head) if cross_attention else None
+        self.cross_attn_ln = LayerNorm(n_state) if cross_attention else None
+        n_mlp = n_state * 4
+        self.mlp = nn.Sequential(Linear(n_state, n_mlp), nn.GELU(), Linear(n_mlp, n_state))
+        self.mlp_ln = LayerNorm(n_state)
+
+    def forward(self, x: Tensor, xa: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+        attn = self.attn
+        h = self.attn_ln(x)
+        k, v = attn.key(h), attn.value(h)
+        if cache is not None:
+            if cache.self_k is not None:
+                k = torch.cat([cache.self_k, k], dim=1)
+                v = torch.cat([cache.self_v, v], dim=1)
+            cache.self_k, cache.self_v = k, v
+        x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None)
+
+        if self.cross_attn is not None:
+            assert xa is not None or (cache is not None and cache.cross_k is not None)
+            cross = self.cross_attn
+            if cache is not None and cache.cross_k is not None:
+                ck, cv = cache.cross_k, cache.cross_v
+            else:
+                ck, cv = cross.key(xa), cross.value(xa)
+                if cache is not None:
+                    cache.cross_k, cache.cross_v = ck, cv
+            x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv)
+
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, n_mels: int, n_ctx: int, n_state: int, n_head: int, n_layer: int):
+        super().__init__()
+        self.conv1 = Conv1d(n_mels, n_state, kernel_size=3, padding=1)
+        self.conv2 = Conv1d(n_state, n_state, kernel_size=3, stride=2, padding=1)
+        self.register_buffer("positional_embedding", sinusoids(n_ctx, n_state))
+        self.blocks = nn.ModuleList(ResidualAttentionBlock(n_state, n_head) for _ in range(n_layer))
+        self.ln_post = LayerNorm(n_state)
+
+    def stem(self, mel: Tensor) -> Tensor:
+        """mel: (B, n_mels, T) -> (B, T // 2, n_state): the position-independent conv stem."""
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x))
+        return x.permute(0, 2, 1)
+
+    def transformer(self, x: Tensor) -> Tensor:
+        """x: (B, T, n_state) stem output of a window starting at position 0 -> (B, T, n_state)."""
+        x = (x + self.positional_embedding[: x.shape[1]]).to(x.dtype)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_post(x)
+
+    def forward(self, mel: Tensor) -> Tensor:
+        """mel: (B, n_mels, 2 * n_ctx) -> (B, n_ctx, n_state)."""
+        return self.transformer(self.stem(mel))
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, n_vocab: int, n_ctx: int, n_state: int, n_head: int, n_layer: int):
+        super().__init__()
+        self.token_embedding = nn.Embedding(n_vocab, n_state)
+        self.positional_embedding = nn.Parameter(torch.empty(n_ctx, n_state))
+        self.blocks = nn.ModuleList(
+            ResidualAttentionBlock(n_state, n_head, cross_attention=True) for _ in range(n_layer)
+        )
+        self.ln = LayerNorm(n_state)
+        # A copy of the tied output projection in a cheaper dtype (see `set_projection_dtype`).
+        self.projection: Tensor | None = None
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(layers=[LayerCache() for _ in self.blocks])
+
+    def forward(self, tokens: Tensor, xa: Tensor | None, cache: DecoderCache | None = None) -> Tensor:
+        """tokens: (B, T) new tokens; xa: (B, n_audio_ctx, n_audio_state) -> logits (B, T, vocab).
+
+        With a cache, `xa` is only read on the first call (cross keys/values are kept).
+        """
+        offset = cache.num_tokens if cache is not None else 0
+        n = tokens.shape[-1]
+        x = self.token_embedding(tokens) + self.positional_embedding[offset : offset + n]
+        if xa is not None:
+            x = x.to(xa.dtype)
+        for i, block in enumerate(self.blocks):
+            x = block(x, xa, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.num_tokens += n
+        x = self.ln(x)
+        weight = self.projection if self.projection is not None else self.token_embedding.weight
+        return (x.to(weight.dtype) @ weight.T).float()
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: ModelDimensions):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(
+            dims.n_mels, dims.n_audio_ctx, dims.n_audio_state, dims.n_audio_head, dims.n_audio_layer
+        )
+        self.decoder = TextDecoder(
+            dims.n_vocab, dims.n_text_ctx, dims.n_text_state, dims.n_text_head, dims.n_text_layer
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.encoder.conv1.weight.dtype
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.dims.n_vocab >= 51865
+
+    def set_projection_dtype(self, dtype: torch.dtype | None) -> None:
+        """Use a copy of the tied output projection in `dtype` (None: the embedding itself).
+
+        On the CPU the 51864 x n_state projection dominates the per-token cost; an fp16 copy
+        halves the bytes read per token.
+        """
+        weight = self.decoder.token_embedding.weight
+        self.decoder.projection = None if dtype is None else weight.detach().to(dtype)
+
+    def forward(self, mel: Tensor, tokens: Tensor) -> Tensor:
+        return self.decoder(tokens, self.encoder(mel))
