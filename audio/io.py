@@ -12,9 +12,6 @@ import torchaudio.functional as AF
 
 SAMPLE_RATE = 16000  # Whisper's input rate
 MIN_RATE, MAX_RATE = 8000, 48000  # rates accepted from streaming clients
-# torch.from_numpy warns on read-only buffers (websocket frames are bytes); we never write them.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
 PCM_DTYPES = {"pcm16": np.dtype("<i2"), "float32": np.dtype("<f4")}
 
 
@@ -53,6 +50,13 @@ def check_stream_rate(rate: int) -> int:
     return rate
 
 
+def _tensor_view(array: np.ndarray) -> torch.Tensor:
+    """torch.from_numpy without a copy; read-only buffers (websocket bytes) are never written."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
 def pcm_to_float(data: bytes | bytearray | memoryview, encoding: str = "pcm16") -> torch.Tensor:
     """PCM bytes -> (n,) float32 in [-1, 1]. Zero-copy view for float32, one scale for pcm16.
 
@@ -65,7 +69,7 @@ def pcm_to_float(data: bytes | bytearray | memoryview, encoding: str = "pcm16") 
         raise AudioError(
             f"{encoding} frames must hold a multiple of {dtype.itemsize} bytes, got {len(data)}"
         )
-    samples = torch.from_numpy(np.frombuffer(data, dtype=dtype))
+    samples = _tensor_view(np.frombuffer(data, dtype=dtype))
     if encoding == "pcm16":
         return samples.float() / 32768.0
     if not bool(torch.isfinite(samples).all()):

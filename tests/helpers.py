@@ -1,0 +1,56 @@
+"""Factory helpers shared by the tests: real recordings, their transcripts, the model."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from audio import load_audio
+
+DATA = Path("/usr/share/pocketsphinx/test/data")
+LIBRIVOX = DATA / "librivox"
+CARDS = DATA / "cards"
+ARCTIC_IDS = ["0870", "0880", "0890", "0920", "0930"]
+
+torch.set_num_threads(2)
+
+
+def librivox_path(clip: str) -> Path:
+    return LIBRIVOX / f"sense_and_sensibility_01_austen_64kb-{clip}.wav"
+
+
+@lru_cache(maxsize=1)
+def transcripts() -> dict[Path, str]:
+    """Recording path -> reference transcript, from the package's transcription files."""
+    out = {}
+    for folder, name in ((LIBRIVOX, "transcription"), (CARDS, "cards.transcription")):
+        for line in (folder / name).read_text().splitlines():
+            m = re.match(r"<s>(.*)</s>\s*\((.+)\)", line.strip())
+            if m:
+                out[folder / f"{m.group(2)}.wav"] = m.group(1).strip()
+    return out
+
+
+@lru_cache(maxsize=8)
+def audio(path: Path) -> torch.Tensor:
+    return load_audio(path)
+
+
+@lru_cache(maxsize=1)
+def bundle():
+    from engine.model import load_bundle
+
+    return load_bundle(device="cpu")
+
+
+def concatenated(paths: list[Path], gap_seconds: float = 1.0) -> tuple[torch.Tensor, str]:
+    """Recordings joined by silence -> (audio, joined reference transcript)."""
+    gap = torch.zeros(int(16000 * gap_seconds))
+    pieces, text = [], []
+    for p in paths:
+        pieces += [audio(p), gap]
+        text.append(transcripts()[p])
+    return torch.cat(pieces), " ".join(text)

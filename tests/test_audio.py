@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from audio import AudioError, load_audio, pcm_to_float, resample
+from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
+from tests.helpers import audio, librivox_path
+
+
+def test_mel_filters_match_openai_whisper():
+    whisper_audio = pytest.importorskip("whisper.audio")
+    theirs = whisper_audio.mel_filters("cpu", 80)
+    assert torch.allclose(mel_filters(80), theirs, atol=1e-6)
+
+
+def test_log_mel_matches_openai_whisper_on_real_speech():
+    whisper_audio = pytest.importorskip("whisper.audio")
+    samples = audio(librivox_path("0870"))
+    ours = log_mel_spectrogram(samples, padding=N_SAMPLES)
+    theirs = whisper_audio.log_mel_spectrogram(samples, padding=N_SAMPLES)
+    assert ours.shape == theirs.shape == (80, (samples.shape[0] + N_SAMPLES) // 160)
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_load_audio_downmixes_and_resamples_any_rate(tmp_path):
+    rate, seconds = 44100, 1.5
+    t = np.arange(int(rate * seconds)) / rate
+    tone = 0.5 * np.sin(2 * np.pi * 440 * t)
+    stereo = np.stack([tone, tone], axis=1).astype(np.float32)
+    for ext in ("wav", "flac", "ogg"):
+        path = tmp_path / f"tone.{ext}"
+        soundfile.write(path, stereo, rate)
+        out = load_audio(path)
+        assert out.dtype == torch.float32 and out.ndim == 1
+        assert abs(out.shape[0] - 24000) <= 1
+        # a 440 Hz tone stays a 440 Hz tone after resampling
+        spectrum = torch.fft.rfft(out[:16000]).abs()
+        assert abs(int(spectrum.argmax()) - 440) <= 2
+
+
+def test_resample_8k_keeps_length_and_band():
+    x = torch.sin(2 * np.pi * 1000 * torch.arange(8000) / 8000)
+    y = resample(x, 8000)
+    assert y.shape == (16000,)
+    assert abs(int(torch.fft.rfft(y).abs().argmax()) - 1000) <= 1
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+    with pytest.raises(AudioError, match="no such file"):
+        load_audio(tmp_path / "missing.wav")
+    junk = tmp_path / "junk.wav"
+    junk.write_bytes(b"RIFF\x00\x00garbage" * 10)
+    with pytest.raises(AudioError, match="cannot decode"):
+        load_audio(junk)
+    empty = tmp_path / "empty.wav"
+    soundfile.write(empty, np.zeros((0, 1), dtype=np.float32), 16000)
+    with pytest.raises(AudioError, match="no audio samples"):
+        load_audio(empty)
+
+
+def test_pcm16_bytes_to_float():
+    samples = np.array([0, 16384, -32768, 32767], dtype="<i2")
+    out = pcm_to_float(samples.tobytes())
+    assert out.tolist() == pytest.approx([0.0, 0.5, -1.0, 32767 / 32768])
+
+
+def test_float32_frames_are_zero_copy():
+    buffer = bytearray(np.arange(8, dtype="<f4").tobytes())
+    out = pcm_to_float(buffer, "float32")
+    view = np.frombuffer(buffer, dtype="<f4")
+    assert out.data_ptr() == view.ctypes.data  # same memory, no copy
+    assert out.tolist() == list(range(8))
+
+
+@pytest.mark.parametrize("data,encoding,message", [
+    (b"\x00\x01\x02", "pcm16", "multiple of 2"),
+    (b"\x00" * 6, "float32", "multiple of 4"),
+    (np.array([np.nan, 1.0], dtype="<f4").tobytes(), "float32", "NaN"),
+    (b"\x00\x00", "mulaw", "unknown encoding"),
+])
+def test_bad_pcm_frames(data, encoding, message):
+    with pytest.raises(AudioError, match=message):
+        pcm_to_float(data, encoding)

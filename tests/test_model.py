@@ -1,0 +1,150 @@
+"""Weight loaders: parity with CTranslate2, openai-whisper and Hugging Face transformers."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from audio.mel import N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from engine.model import CheckpointError, load_bundle
+from engine.model.loader import default_model_path, load_model, load_state, openai_to_hf
+from tests.helpers import audio, bundle, librivox_path
+
+PARITY_CLIPS = ["0870", "0890", "0930"]
+
+
+def window_mel(clip: str) -> torch.Tensor:
+    """(1, 80, 3000) padded 30 s log-mel of a recording."""
+    return log_mel_spectrogram(audio(librivox_path(clip)), padding=N_SAMPLES)[None, :, :N_FRAMES]
+
+
+def greedy(model, mel: torch.Tensor, prompt: list[int], steps: int = 60) -> list[int]:
+    """Plain greedy decoding with no logit rules, to compare raw models."""
+    with torch.inference_mode():
+        xa = model.encoder(mel)
+        cache = model.decoder.new_cache()
+        logits = model.decoder(torch.tensor([prompt]), xa, cache)
+        out: list[int] = []
+        for _ in range(steps):
+            token = int(logits[0, -1].argmax())
+            if token == 50256:
+                break
+            out.append(token)
+            logits = model.decoder(torch.tensor([[token]]), None, cache)
+    return out
+
+
+@pytest.mark.parametrize("clip", PARITY_CLIPS)
+def test_ctranslate2_loader_gives_same_greedy_tokens_as_ctranslate2(clip):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    prompt = [50257, 50362]
+    reference = ctranslate2.models.Whisper(str(default_model_path()), device="cpu",
+                                           compute_type="float32")
+    mel = window_mel(clip)
+    result = reference.generate(ctranslate2.StorageView.from_array(mel.numpy().copy()), [prompt],
+                                beam_size=1, suppress_blank=False, suppress_tokens=[],
+                                max_length=100)
+    expected = result[0].sequences_ids[0]
+    ours = greedy(bundle().model, mel, prompt)
+    assert len(expected) > 5
+    assert ours == expected
+
+
+def test_openai_checkpoint_round_trip_matches_openai_whisper(tmp_path):
+    whisper_model = pytest.importorskip("whisper.model")
+    dims, state = load_state(default_model_path())
+    tensors = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()}
+    path = tmp_path / "tiny.en.pt"
+    torch.save({"dims": dims.__dict__, "model_state_dict": tensors}, path)
+
+    reference = whisper_model.Whisper(whisper_model.ModelDimensions(**dims.__dict__))
+    reference.load_state_dict(tensors)
+    reference.eval()
+    ours = load_model(path, device="cpu")
+    ours.set_projection_dtype(None)  # compare in full fp32
+    mel = window_mel("0880")
+    tokens = torch.tensor([[50257, 50362, 679, 373]])
+    with torch.inference_mode():
+        expected = reference(mel, tokens)
+        got = ours(mel, tokens)
+    assert (expected - got).abs().max().item() < 1e-3
+    assert greedy(ours, mel, [50257, 50362]) == greedy(bundle().model, mel, [50257, 50362])
+
+
+def test_huggingface_safetensors_matches_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+
+    dims, state = load_state(default_model_path())
+    tensors = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()}
+    hf_state = openai_to_hf(tensors)
+    hf_state["proj_out.weight"] = hf_state["model.decoder.embed_tokens.weight"]
+    config = transformers.WhisperConfig(
+        vocab_size=dims.n_vocab, num_mel_bins=dims.n_mels, d_model=dims.n_audio_state,
+        encoder_layers=dims.n_audio_layer, decoder_layers=dims.n_text_layer,
+        encoder_attention_heads=dims.n_audio_head, decoder_attention_heads=dims.n_text_head,
+        encoder_ffn_dim=4 * dims.n_audio_state, decoder_ffn_dim=4 * dims.n_text_state,
+        max_source_positions=dims.n_audio_ctx, max_target_positions=dims.n_text_ctx,
+    )
+    config.save_pretrained(tmp_path)
+    save_file({k: v.contiguous() for k, v in hf_state.items() if k != "proj_out.weight"},
+              str(tmp_path / "model.safetensors"))
+
+    reference = transformers.WhisperForConditionalGeneration.from_pretrained(tmp_path).eval()
+    ours = load_model(tmp_path, device="cpu")
+    ours.set_projection_dtype(None)
+    mel = window_mel("0930")
+    tokens = torch.tensor([[50257, 50362, 679]])
+    with torch.inference_mode():
+        expected = reference(input_features=mel, decoder_input_ids=tokens).logits
+        got = ours(mel, tokens)
+    assert (expected - got).abs().max().item() < 1e-3
+    # the bundle finds the English tokenizer for a folder without one
+    assert load_bundle(tmp_path, device="cpu").tokenizer.eot == 50256
+
+
+def test_missing_corrupt_and_unknown_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="no model.bin"):
+        load_model(tmp_path)
+    truncated = tmp_path / "model.bin"
+    truncated.write_bytes(default_model_path().joinpath("model.bin").read_bytes()[:100_000])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_model(truncated)
+    other = tmp_path / "other" / "model.bin"
+    other.parent.mkdir()
+    name = b"TransformerSpec\x00"
+    other.write_bytes(struct.pack("<IH", 6, len(name)) + name + struct.pack("<II", 1, 0))
+    with pytest.raises(CheckpointError, match="not Whisper"):
+        load_model(other)
+    bad_pt = tmp_path / "bad.pt"
+    bad_pt.write_bytes(b"not a pickle")
+    with pytest.raises(CheckpointError, match="openai-whisper"):
+        load_model(bad_pt)
+    onnx = tmp_path / "weights.onnx"
+    onnx.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="unknown checkpoint kind"):
+        load_model(onnx)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_model(hf)
+    (hf / "config.json").write_text(json.dumps({"d_model": 4}))
+    with pytest.raises(CheckpointError, match="safetensors"):
+        load_model(hf)
+
+
+def test_fp16_projection_keeps_greedy_tokens():
+    model = bundle().model
+    mel = window_mel("0920")
+    fast = greedy(model, mel, [50257, 50362])
+    model.set_projection_dtype(None)
+    try:
+        exact = greedy(model, mel, [50257, 50362])
+    finally:
+        model.set_projection_dtype(torch.float16)
+    assert fast == exact and len(fast) > 10

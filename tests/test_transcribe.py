@@ -1,0 +1,95 @@
+"""Offline transcription of real recordings: golden transcripts, long audio, the CLI."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile
+import torchaudio.functional as AF
+
+from engine.model.decoding import repeated_tail
+from engine.model.transcribe import transcribe
+from engine.wer import normalize, word_errors
+from tests.helpers import ARCTIC_IDS, CARDS, audio, bundle, concatenated, librivox_path, transcripts
+
+# What Whisper tiny.en (bundled CTranslate2 weights, our PyTorch port) actually says.
+GOLDEN = {
+    "0890": "Unless to be rather coldhearted and rather selfish is to be ill-disposed.",
+    "0920": "Had he married a more amiable woman, he might have been made still more "
+            "respectable than he was.",
+    "0930": "He might even have been made amiable himself.",
+}
+
+
+@pytest.mark.parametrize("clip", sorted(GOLDEN))
+def test_golden_transcripts(clip):
+    result = transcribe(bundle(), audio(librivox_path(clip)))
+    assert result.text == GOLDEN[clip]
+    assert len(result.segments) == 1
+    assert 0.0 <= result.segments[0].start < result.segments[0].end <= result.duration
+
+
+def test_arctic_set_word_error_rate_at_most_15_percent():
+    errors = words = 0
+    for clip in ARCTIC_IDS:
+        path = librivox_path(clip)
+        e, n = word_errors(transcripts()[path], transcribe(bundle(), audio(path)).text)
+        errors, words = errors + e, words + n
+    assert words == 71
+    assert errors / words <= 0.15, f"WER {errors / words:.1%}"
+
+
+def test_multi_minute_audio_has_monotonic_timestamps_and_no_loops():
+    paths = [librivox_path(c) for c in ARCTIC_IDS] * 5  # ~2.5 minutes with 1 s gaps
+    samples, reference = concatenated(paths, gap_seconds=1.0)
+    duration = samples.shape[0] / 16000
+    assert duration > 120
+    result = transcribe(bundle(), samples)
+    assert len(result.segments) >= 10
+    previous_end = 0.0
+    for s in result.segments:
+        assert previous_end <= s.start <= s.end <= duration
+        previous_end = s.end
+        assert repeated_tail(s.tokens) == 0
+    # the last sentence is transcribed near the end of the audio
+    assert result.segments[-1].end > duration - 10
+    errors, words = word_errors(reference, result.text)
+    assert errors / words <= 0.2, f"WER {errors / words:.1%}"
+    assert len(normalize(result.text)) <= 1.2 * words  # no runaway repetition
+
+
+def test_repeated_tail_detects_loops_not_short_repeats():
+    assert repeated_tail([1, 2, 3, 4]) == 0
+    assert repeated_tail([9, 5, 5]) == 0  # "bye bye"
+    assert repeated_tail([9, 5, 5, 5, 5, 5]) == 4
+    assert repeated_tail([7, 1, 2, 1, 2, 1, 2]) == 4
+    assert repeated_tail([1, 2, 1, 2]) == 0
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_transcribe_json_and_bad_file(tmp_path):
+    # a stereo 44.1 kHz copy of a recording decodes to the same words
+    up = AF.resample(audio(CARDS / "003.wav"), 16000, 44100).numpy()
+    resampled = tmp_path / "cards.flac"
+    soundfile.write(resampled, np.stack([up, up], axis=1), 44100)
+    out = run_cli("transcribe", "--json", str(resampled))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert normalize(data["text"]) == ["seven", "of", "clubs"]
+    assert data["segments"][0]["end"] <= data["duration"] + 1e-6
+
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"definitely not audio")
+    out = run_cli("transcribe", str(bad))
+    assert out.returncode == 1
+    assert "cannot decode" in out.stderr
+
+    out = run_cli("transcribe", "--model", str(tmp_path / "missing"), str(resampled))
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr
