@@ -36,6 +36,8 @@ install_venv() {
   "$venv/bin/pip" install -q --upgrade pip setuptools wheel
   "$venv/bin/pip" install -q -e ".[test]"
   touch "$venv/.complete"
+  # keep one environment: drop those of earlier pyproject.toml versions
+  find "$root" -maxdepth 1 -name 'venv-*' ! -path "$venv" -exec rm -rf {} + 2>/dev/null || true
 }
 
 cmd="${1:-test}"

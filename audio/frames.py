@@ -1,0 +1,76 @@
+"""Cutting a session's PCM stream into fixed audio items with the context their features need.
+
+An item of 1280 samples (80 ms) maps to 8 mel frames and 4 encoder positions. Its conv-stem
+output depends on mel frames 8k-2 .. 8k+8, i.e. on samples [1280k - 520, 1280k + 1480): 520
+samples of look-back and 200 of look-ahead. With that context, the per-item computation
+equals the computation over a whole window.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from audio.mel import HOP_LENGTH, N_FFT, log_mel_power, normalize_log_mel
+
+ITEM_SAMPLES = 1280  # 80 ms
+CONTEXT_BEFORE = 2 * HOP_LENGTH + N_FFT // 2  # 520: two mel frames + half an FFT window
+CONTEXT_AFTER = N_FFT // 2  # 200: half an FFT window past the last mel frame
+STREAM_LOG_FLOOR = -7.0  # fixed clamp floor (log10 power) for streaming; see below
+
+
+class AudioFramer:
+    """Accumulates PCM and emits (items, context) once each item's look-ahead has arrived."""
+
+    def __init__(self, item_samples: int = ITEM_SAMPLES):
+        if item_samples % (2 * HOP_LENGTH):
+            raise ValueError(f"item_samples must be a multiple of {2 * HOP_LENGTH} (20 ms)")
+        self.item_samples = item_samples
+        self.context = item_samples + CONTEXT_BEFORE + CONTEXT_AFTER
+        self.buffer = np.zeros(CONTEXT_BEFORE, dtype=np.float32)  # silence before the start
+        self.buffer_start = -CONTEXT_BEFORE  # absolute sample index of buffer[0]
+        self.num_samples = 0  # samples received
+        self.num_items = 0  # items emitted
+
+    def push(self, samples: np.ndarray) -> list[np.ndarray]:
+        """Add (n,) float32 samples -> contexts (self.context,) of the items now complete."""
+        if samples.size:
+            self.buffer = np.concatenate([self.buffer, samples.astype(np.float32, copy=False)])
+            self.num_samples += samples.size
+        return self._emit(self.num_samples)
+
+    def flush(self) -> list[np.ndarray]:
+        """End of input: pad with silence and emit the last (partial) item."""
+        remainder = -self.num_samples % self.item_samples
+        end = self.num_samples + remainder
+        need = end + CONTEXT_AFTER - (self.buffer_start + self.buffer.size)
+        if need > 0:
+            self.buffer = np.concatenate([self.buffer, np.zeros(need, dtype=np.float32)])
+        return self._emit(end, final=True)
+
+    def _emit(self, available: int, final: bool = False) -> list[np.ndarray]:
+        out = []
+        while True:
+            start = self.num_items * self.item_samples
+            end = start + self.item_samples
+            if end > available or (not final and end + CONTEXT_AFTER > available):
+                break
+            lo = start - CONTEXT_BEFORE - self.buffer_start
+            out.append(self.buffer[lo : lo + self.context].copy())
+            self.num_items += 1
+        drop = self.num_items * self.item_samples - CONTEXT_BEFORE - self.buffer_start
+        if drop > 0:
+            self.buffer = self.buffer[drop:]
+            self.buffer_start += drop
+        return out
+
+
+def item_log_mel(contexts: torch.Tensor, n_mels: int = 80) -> torch.Tensor:
+    """(N, context) samples -> (N, n_mels, frames + 3) normalized log-mel with stem context.
+
+    Whisper clamps the log-mel at the loudest bin of the whole input minus 80 dB, which no
+    causal computation can know; streaming clamps at a fixed floor instead (the value that
+    loud speech, log10 power ~1, gives), so an item's features depend on its samples alone.
+    """
+    log_spec = log_mel_power(contexts, n_mels, center=False)
+    return normalize_log_mel(log_spec, STREAM_LOG_FLOOR)

@@ -1,0 +1,167 @@
+"""The device worker: batched encoder across sessions, per-session gather, decoding.
+
+Per step: one batched conv-stem call for every new audio item of every session (deduped by
+content hash), one batched transformer call over all scheduled windows, then a greedy
+decode per window. Host arrays enter through torch.from_numpy; nothing is copied back from
+the device but the decoded token ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from audio.frames import STREAM_LOG_FLOOR, item_log_mel
+from engine.model import ModelBundle
+from engine.model.decoding import DecodingOptions, decode
+from engine.model.transcribe import split_segments
+from engine.policy import Word
+from engine.processor_cache import ProcessorCache
+from engine.request import POSITIONS_PER_SECOND, Request
+from engine.scheduler import MAX_WINDOW_POSITIONS, SchedulerOutput, ScheduledWindow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WindowResult:
+    request_id: str
+    words: list[Word]  # hypothesis over the window, absolute times
+    final: bool
+    silence: bool = False
+    error: str | None = None
+
+
+@dataclass
+class RunnerOutput:
+    results: list[WindowResult] = field(default_factory=list)
+    num_encoder_calls: int = 0  # batched conv-stem calls (0 or 1 per step)
+    num_encoded_items: int = 0  # unique items computed in that call
+    num_windows: int = 0  # windows in the batched transformer call
+
+
+class ModelRunner:
+    def __init__(self, bundle: ModelBundle, processor_cache: ProcessorCache | None = None):
+        self.bundle = bundle
+        self.model = bundle.model
+        self.device = bundle.device
+        self.dtype = self.model.dtype
+        self.processor_cache = processor_cache or ProcessorCache()
+        self.encoder_cache: dict[str, torch.Tensor] = {}  # hash -> (positions, n_state)
+        self.fail_request_ids: set[str] = set()  # fault injection for tests
+        with torch.inference_mode():
+            n_mels = self.model.dims.n_mels
+            silence = torch.full((1, n_mels, 11), (STREAM_LOG_FLOOR + 4.0) / 4.0)
+            self.pad = self._stem(silence)[0, 0]  # (n_state,) stem output of padding
+
+    def _stem(self, mel: torch.Tensor) -> torch.Tensor:
+        """(N, n_mels, 8m + 3) item mel with context -> (N, 4m, n_state), no padding."""
+        enc = self.model.encoder
+        x = mel.to(self.device, self.dtype)
+        x = F.gelu(F.conv1d(x, enc.conv1.weight, enc.conv1.bias))
+        x = F.gelu(F.conv1d(x, enc.conv2.weight, enc.conv2.bias, stride=2))
+        return x.permute(0, 2, 1)
+
+    @torch.inference_mode()
+    def encode_items(self, out: SchedulerOutput, requests: dict[str, Request]) -> tuple[int, int]:
+        """Compute the stem for all new items of all sessions in one call -> (calls, items)."""
+        for mm_hash in out.freed_mm_hashes:
+            self.encoder_cache.pop(mm_hash, None)
+        todo: dict[str, np.ndarray | None] = {}
+        for request_id, indices in out.encoder_inputs.items():
+            features = requests[request_id].mm_features
+            for i in indices:
+                feature = features[i]
+                if feature.identifier not in self.encoder_cache:
+                    todo.setdefault(feature.identifier, feature.data)
+        if not todo:
+            return 0, 0
+        hashes = list(todo)
+        mels: list[torch.Tensor | None] = [self.processor_cache.get(h) for h in hashes]
+        missing = [i for i, m in enumerate(mels) if m is None]
+        if missing:
+            contexts = np.stack([todo[hashes[i]] for i in missing])  # (M, context samples)
+            computed = item_log_mel(torch.from_numpy(contexts), self.model.dims.n_mels)
+            for j, i in enumerate(missing):
+                mels[i] = computed[j]
+                self.processor_cache.put(hashes[i], computed[j])
+        stem = self._stem(torch.stack(mels))  # (N, positions per item, n_state)
+        for i, mm_hash in enumerate(hashes):
+            self.encoder_cache[mm_hash] = stem[i]
+        return 1, len(hashes)
+
+    def gather(self, window: ScheduledWindow, request: Request) -> torch.Tensor:
+        """Embeddings of the window's positions, padded to 30 s -> (1500, n_state)."""
+        pieces = []
+        for feature in request.mm_features[window.item_lo : window.item_hi]:
+            pos = feature.mm_position
+            lo, hi = pos.get_embeds_indices_in_range(window.window_start - pos.offset,
+                                                     window.window_end - pos.offset)
+            pieces.append(self.encoder_cache[feature.identifier][lo:hi])
+        x = torch.cat(pieces) if pieces else self.pad[None, :0]
+        num_pad = MAX_WINDOW_POSITIONS - x.shape[0]
+        return torch.cat([x, self.pad.expand(num_pad, -1)]) if num_pad > 0 else x
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, requests: dict[str, Request],
+                prompts: dict[str, list[int]]) -> RunnerOutput:
+        calls, items = self.encode_items(out, requests)
+        result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
+                              num_windows=len(out.windows))
+        if not out.windows:
+            return result
+        x = torch.stack([self.gather(w, requests[w.request_id]) for w in out.windows])
+        features = self.model.encoder.transformer(x)  # (B, 1500, n_state)
+        for b, window in enumerate(out.windows):
+            try:
+                if window.request_id in self.fail_request_ids:
+                    raise RuntimeError("injected failure")
+                result.results.append(self.decode_window(window, features[b : b + 1],
+                                                         prompts.get(window.request_id, [])))
+            except Exception as e:  # one session's failure must not stop the others
+                log.exception("decoding %s failed", window.request_id)
+                result.results.append(WindowResult(window.request_id, [], window.final,
+                                                   error=f"{type(e).__name__}: {e}"))
+        return result
+
+    def decode_window(self, window: ScheduledWindow, features: torch.Tensor,
+                      prompt: list[int]) -> WindowResult:
+        bundle = self.bundle
+        tokenizer = bundle.tokenizer
+        seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
+        options = DecodingOptions(prompt=prompt, audio_seconds=seconds)
+        decoded = decode(self.model, tokenizer, features, options, bundle.suppress)
+        if decoded.is_silence or not decoded.tokens:
+            return WindowResult(window.request_id, [], window.final, silence=True)
+        offset = window.window_start / POSITIONS_PER_SECOND
+        segments, _ = split_segments(decoded.tokens, tokenizer.timestamp_begin, offset, seconds,
+                                     tokenizer)
+        words: list[Word] = []
+        limit = offset + seconds
+        for segment in segments:
+            words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
+                                   min(max(segment.end, segment.start), limit))
+        return WindowResult(window.request_id, words, window.final)
+
+
+def segment_words(tokenizer, tokens: list[int], start: float, end: float) -> list[Word]:
+    """Split a segment's text tokens at leading spaces; spread its time by character count."""
+    groups: list[list[int]] = []
+    for t in tokens:
+        piece = tokenizer.id_to_token[t] if t < len(tokenizer.id_to_token) else ""
+        if not groups or piece.startswith("Ġ"):
+            groups.append([t])
+        else:
+            groups[-1].append(t)
+    texts = [tokenizer.decode(g) for g in groups]
+    total = sum(len(t.strip()) or 1 for t in texts)
+    words, t0 = [], start
+    for group, text in zip(groups, texts, strict=True):
+        t1 = t0 + (end - start) * (len(text.strip()) or 1) / total
+        words.append(Word(text, round(t0 * 1000), round(t1 * 1000), group))
+        t0 = t1
+    return words

@@ -1,0 +1,116 @@
+"""Streaming commit policy: LocalAgreement-2 (ufal whisper_streaming) over timed words.
+
+Each decode of the window gives a hypothesis; words that two consecutive hypotheses agree
+on (after the committed point) are committed. Committed words are append-only; the rest of
+the latest hypothesis is the tentative tail. Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hypothesis
+TIME_TOLERANCE_MS = 100
+
+
+@dataclass
+class Word:
+    text: str  # with its leading space, as decoded
+    start_ms: int  # absolute session time
+    end_ms: int
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return re.sub(r"[^\w']", "", self.text.lower())
+
+
+@dataclass
+class PolicyUpdate:
+    committed: list[Word]  # newly committed, in order
+    tentative: list[Word]  # the current uncommitted tail
+
+
+class LocalAgreement:
+    def __init__(self) -> None:
+        self.committed: list[Word] = []  # all committed words (append-only)
+        self.previous: list[Word] = []  # last hypothesis past the committed point
+        self.num_window_committed = 0  # committed words whose audio is in the decode window
+
+    @property
+    def committed_end_ms(self) -> int:
+        return self.committed[-1].end_ms if self.committed else 0
+
+    def _trim(self, hypothesis: list[Word]) -> list[Word]:
+        """The part of a whole-window hypothesis past the committed words.
+
+        The window still holds the audio of the words committed since it was last cut, so a
+        hypothesis repeats them first. Find the committed tail (3, 2 or 1 words) in it, at
+        the occurrence nearest to where it should be; fall back to word mid-times.
+        """
+        n = self.num_window_committed
+        if n == 0:
+            return hypothesis
+        keys = [w.key for w in hypothesis]
+        for m in range(min(OVERLAP_NGRAM, n), 0, -1):
+            tail = [w.key for w in self.committed[-m:]]
+            hits = [j for j in range(len(keys) - m + 1) if keys[j : j + m] == tail]
+            if hits:
+                j = min(hits, key=lambda j: abs(j - (n - m)))
+                return hypothesis[j + m :]
+        cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
+        return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]
+
+    def cut_window(self, start_ms: int) -> None:
+        """The decode window now starts at `start_ms`: committed words before it leave it."""
+        n = self.num_window_committed
+        while n > 0 and self.committed[-n].end_ms <= start_ms:
+            n -= 1
+        self.num_window_committed = n
+
+    def update(self, hypothesis: list[Word]) -> PolicyUpdate:
+        words = self._trim(hypothesis)
+        agreed = 0
+        for old, new in zip(self.previous, words, strict=False):
+            if old.key != new.key or not new.key:
+                break
+            agreed += 1
+        newly = words[:agreed]
+        self._commit(newly)
+        self.previous = words[agreed:]
+        return PolicyUpdate(newly, list(self.previous))
+
+    def flush(self, hypothesis: list[Word] | None = None) -> PolicyUpdate:
+        """Commit everything: the given final hypothesis, or the last tentative tail."""
+        words = self._trim(hypothesis) if hypothesis is not None else self.previous
+        self._commit(words)
+        self.previous = []
+        return PolicyUpdate(list(words), [])
+
+    def force_commit_until(self, end_ms: int) -> PolicyUpdate:
+        """Commit tentative words ending before `end_ms` (the window is about to be cut)."""
+        n = 0
+        while n < len(self.previous) and self.previous[n].end_ms <= end_ms:
+            n += 1
+        newly, self.previous = self.previous[:n], self.previous[n:]
+        self._commit(newly)
+        return PolicyUpdate(newly, list(self.previous))
+
+    def _commit(self, words: list[Word]) -> None:
+        """Append words, keeping times monotonic (word times within a segment are estimates)."""
+        for word in words:
+            word.start_ms = max(word.start_ms, self.committed_end_ms)
+            word.end_ms = max(word.end_ms, word.start_ms)
+            self.committed.append(word)
+        self.num_window_committed += len(words)
+
+    def prompt_tokens(self, max_tokens: int = 200) -> list[int]:
+        """Tokens of the committed words before the window (those in it get re-decoded)."""
+        out: list[int] = []
+        before = len(self.committed) - self.num_window_committed
+        for word in reversed(self.committed[max(0, before - max_tokens) : before]):
+            if len(out) + len(word.tokens) > max_tokens:
+                break
+            out[:0] = word.tokens
+        return out

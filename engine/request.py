@@ -1,0 +1,115 @@
+"""A streaming session: its audio items on the timeline and its transcription state.
+
+Torch-free. Positions are encoder positions (20 ms each, 50 per second); an audio item
+(default 80 ms) covers `POSITIONS_PER_ITEM` positions.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+SAMPLE_RATE = 16000
+SAMPLES_PER_POSITION = 320  # 20 ms: one encoder position = two 10 ms mel frames
+POSITIONS_PER_SECOND = 50
+DEFAULT_ITEM_MS = 80  # one audio item = 1280 samples = 4 positions
+
+
+@dataclass
+class PlaceholderRange:
+    """Where an item's embeddings sit on the session timeline (in encoder positions)."""
+
+    offset: int  # first position of the item
+    length: int  # positions the item covers
+    is_embed: list[bool] | None = None  # None: every position is an embedding
+    embeds_cumsum: list[int] = field(init=False, repr=False)  # running count of embeds
+
+    def __post_init__(self) -> None:
+        self.embeds_cumsum = list(accumulate(self.is_embed)) if self.is_embed is not None else []
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def get_num_embeds(self) -> int:
+        if self.is_embed is None:
+            return self.length
+        return self.embeds_cumsum[-1] if self.embeds_cumsum else 0
+
+    def get_embeds_indices_in_range(self, start: int, end: int) -> tuple[int, int]:
+        """Item-relative positions [start, end) -> embedding indices [lo, hi), O(1)."""
+        start, end = max(start, 0), min(end, self.length)
+        if start >= end:
+            return 0, 0
+        if self.is_embed is None:
+            return start, end
+        cumsum = self.embeds_cumsum
+        if not cumsum:
+            return 0, 0
+        lo = cumsum[start - 1] if start > 0 else 0
+        return lo, cumsum[end - 1]
+
+
+@dataclass
+class MMFeature:
+    """One audio item: its content hash, place on the timeline and host-side input."""
+
+    identifier: str  # blake2b of context PCM + model id + feature params
+    mm_position: PlaceholderRange
+    data: Any | None = None  # host PCM context until the runner has processed it
+
+
+class RequestStatus(enum.Enum):
+    RUNNING = "running"
+    FINISHED = "finished"  # input closed and everything flushed
+    ABORTED = "aborted"
+    ERROR = "error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self is not RequestStatus.RUNNING
+
+
+@dataclass
+class Request:
+    request_id: str
+    mm_features: list[MMFeature] = field(default_factory=list)  # sorted, non-overlapping
+    status: RequestStatus = RequestStatus.RUNNING
+    input_finished: bool = False  # no more audio will come
+    flush_requested: bool = False  # decode and commit everything received so far
+    window_start: int = 0  # first position of the decode window (a committed boundary)
+    num_decoded_positions: int = 0  # window end at the last decode
+    num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed
+    num_freed_items: int = 0  # items [0, n) were released from the encoder cache
+    output_token_ids: list[int] = field(default_factory=list)  # -1: placeholder not filled yet
+    error: str | None = None
+
+    @property
+    def num_positions(self) -> int:
+        """Positions covered by items on the timeline."""
+        return self.mm_features[-1].mm_position.end if self.mm_features else 0
+
+    @property
+    def num_items(self) -> int:
+        return len(self.mm_features)
+
+
+def first_placeholder(token_ids: list[int]) -> int:
+    """Index of the first -1 placeholder in the trailing run of placeholders (scan from the end).
+
+    Placeholders are only ever appended and filled in order, so they form a suffix: walking
+    back from the end touches only the pending ones, never the whole output.
+    """
+    i = len(token_ids)
+    while i > 0 and token_ids[i - 1] == -1:
+        i -= 1
+    return i
+
+
+def fill_placeholders(token_ids: list[int], new_ids: list[int]) -> None:
+    """Replace the oldest pending placeholders with the tokens a finished step produced."""
+    start = first_placeholder(token_ids)
+    assert start + len(new_ids) <= len(token_ids), "more tokens than placeholders"
+    token_ids[start : start + len(new_ids)] = new_ids

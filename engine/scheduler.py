@@ -1,0 +1,142 @@
+"""Per step: which sessions decode, over which window, and which audio items need encoding.
+
+Torch-free. For each session the window is [window_start, window_end) in encoder positions,
+window_start being the last committed boundary; the items in it are found with bisect, and
+the items that are new since the last step are found from a per-request pointer, so no step
+scans all the items of a session.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.encoder_cache import EncoderCacheManager
+from engine.mm_window import get_mm_features_in_window
+from engine.request import POSITIONS_PER_SECOND, Request
+
+MAX_WINDOW_POSITIONS = 1500  # 30 s: Whisper's window
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 16  # sessions decoded per step
+    encoder_budget: int = 50 * 60  # new positions encoded per step (60 s of audio)
+    encoder_cache_size: int = 50 * 60 * 64  # positions held in the encoder cache
+    decode_interval: int = POSITIONS_PER_SECOND  # new positions between two decodes (1 s)
+
+
+@dataclass
+class ScheduledWindow:
+    request_id: str
+    window_start: int  # first position of the window
+    window_end: int  # one past the last position
+    item_lo: int  # mm_features[item_lo:item_hi] overlap the window
+    item_hi: int
+    final: bool  # the request's input is finished or flushed: commit everything
+
+
+@dataclass
+class SchedulerOutput:
+    windows: list[ScheduledWindow]  # one per session decoded this step
+    encoder_inputs: dict[str, list[int]]  # request id -> item indices whose encoder output is new
+    num_encoder_positions: int  # positions those items cover (before dedupe)
+    freed_mm_hashes: list[str]  # evicted hashes: the runner drops their tensors
+    finished_request_ids: list[str] = field(default_factory=list)  # freed since last step
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig | None = None):
+        self.config = config or SchedulerConfig()
+        self.requests: dict[str, Request] = {}
+        self.queue: deque[str] = deque()  # round-robin order
+        self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_size)
+        self.finished_ids: list[str] = []
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r} already exists")
+        self.requests[request.request_id] = request
+        self.queue.append(request.request_id)
+
+    def finish_request(self, request_id: str) -> None:
+        """Forget a request (finished, aborted or failed) and release its cache entries."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        self.queue.remove(request_id)
+        self.encoder_cache.free(request_id)
+        request.num_freed_items = request.num_encoded_items
+        self.finished_ids.append(request_id)
+
+    def _ready(self, request: Request) -> bool:
+        end = request.num_positions
+        if request.input_finished or request.flush_requested:
+            return end > request.num_decoded_positions or request.input_finished
+        return end - request.num_decoded_positions >= self.config.decode_interval
+
+    def schedule(self) -> SchedulerOutput:
+        windows: list[ScheduledWindow] = []
+        encoder_inputs: dict[str, list[int]] = {}
+        budget = self.config.encoder_budget
+        num_positions = 0
+        cache = self.encoder_cache
+        for request_id in list(self.queue):
+            if len(windows) >= self.config.max_num_seqs:
+                break
+            request = self.requests[request_id]
+            if not self._ready(request):
+                continue
+            start = request.window_start
+            end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
+            lo, hi = get_mm_features_in_window(request.mm_features, start, end)
+            new = range(max(request.num_encoded_items, lo), hi)
+            features = request.mm_features
+            num_new = sum(features[i].mm_position.length for i in new)
+            if num_new > budget:
+                continue  # too much for this step's budget; later
+            misses = []
+            for i in new:
+                if not cache.check_and_update_cache(request_id, features[i].identifier):
+                    misses.append(i)
+            missed = set(misses)
+            # allocate in one go; on failure undo this request's hits and wait
+            need = sum(features[i].mm_position.length for i in misses)
+            if not cache.can_allocate(need):
+                for i in new:
+                    if i not in missed:
+                        cache.free_encoder_input(request_id, features[i].identifier)
+                continue
+            allocated: set[str] = set()
+            for i in misses:
+                mm_hash = features[i].identifier
+                if mm_hash in allocated:  # duplicate content inside this batch of items
+                    cache.check_and_update_cache(request_id, mm_hash)
+                else:
+                    cache.allocate(request_id, mm_hash, features[i].mm_position.length)
+                    allocated.add(mm_hash)
+            budget -= num_new
+            num_positions += num_new
+            request.num_encoded_items = hi
+            encoder_inputs[request_id] = list(new)
+            final = request.input_finished or request.flush_requested
+            windows.append(ScheduledWindow(request_id, start, end, lo, hi, final))
+            request.num_decoded_positions = end
+        # rotate so sessions share the step fairly
+        if windows:
+            self.queue.rotate(-1)
+        finished, self.finished_ids = self.finished_ids, []
+        return SchedulerOutput(windows, encoder_inputs, num_positions,
+                               cache.get_freed_mm_hashes(), finished)
+
+    def advance_window(self, request: Request, new_start: int) -> None:
+        """Move the window start to a committed boundary and free the items behind it."""
+        assert new_start >= request.window_start
+        request.window_start = new_start
+        features = request.mm_features
+        lo, _ = get_mm_features_in_window(features, new_start, new_start + 1)
+        lo = min(lo, request.num_encoded_items)
+        for i in range(request.num_freed_items, lo):
+            self.encoder_cache.free_encoder_input(request.request_id, features[i].identifier)
+            features[i].data = None
+        request.num_freed_items = max(request.num_freed_items, lo)
