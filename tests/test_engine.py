@@ -1,0 +1,132 @@
+"""The engine on the real model: item features, batching, streaming text, faults."""
+
+import numpy as np
+import torch
+
+from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
+from audio.mel import log_mel_power, normalize_log_mel
+from engine.engine import Engine, EngineConfig
+from engine.model.transcribe import transcribe
+from engine.scheduler import SchedulerConfig
+from engine.wer import normalize, word_errors
+from tests.helpers import ARCTIC_IDS, audio, bundle, concatenated, librivox_path
+
+
+def stream(engine: Engine, request_ids: list[str], samples: list[np.ndarray],
+           chunk: int = 3200) -> dict[str, list]:
+    """Feed sessions chunk by chunk (200 ms), step after each, finish, drain -> words."""
+    words: dict[str, list] = {rid: [] for rid in request_ids}
+    for rid in request_ids:
+        engine.add_request(rid)
+    longest = max(len(s) for s in samples)
+    for i in range(0, longest, chunk):
+        for rid, s in zip(request_ids, samples, strict=True):
+            if i < len(s):
+                engine.add_audio(rid, s[i : i + chunk])
+        for out in engine.step():
+            words[out.request_id] += out.committed
+    for rid in request_ids:
+        engine.finish(rid)
+    while any(engine.has_request(rid) for rid in request_ids):
+        for out in engine.step():
+            words[out.request_id] += out.committed
+    return words
+
+
+def test_item_stem_equals_whole_window_stem():
+    model = bundle().model
+    samples = audio(librivox_path("0880"))
+    framer = AudioFramer()
+    contexts = framer.push(samples.numpy()) + framer.flush()
+    items = torch.from_numpy(np.stack(contexts))
+    engine = Engine(bundle())
+    per_item = engine.runner._stem(item_log_mel(items)).reshape(-1, 384)  # (n_items * 4, d)
+    # the same audio computed as one window with the same clamp floor
+    padded = torch.nn.functional.pad(samples, (0, len(contexts) * 1280 - len(samples)))
+    mel = normalize_log_mel(log_mel_power(padded), STREAM_LOG_FLOOR)
+    with torch.inference_mode():
+        whole = model.encoder.stem(mel[None])[0]
+    assert whole.shape == per_item.shape
+    # at the two ends the whole-window STFT reflects and the conv pads with zeros, where
+    # items see silence; everywhere between, per-item computation is the same
+    assert (whole[4:-4] - per_item[4:-4]).abs().max().item() < 1e-4
+
+
+def test_streaming_matches_offline_transcription():
+    samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=0.7)
+    words = stream(Engine(bundle()), ["s"], [samples.numpy()])["s"]
+    streamed = "".join(w.text for w in words)
+    offline = transcribe(bundle(), samples).text
+    stream_errors, n = word_errors(reference, streamed)
+    offline_errors, _ = word_errors(reference, offline)
+    assert (stream_errors - offline_errors) / n <= 0.05, (streamed, offline)
+    assert "dashwood" in normalize(streamed)
+    # timestamps: absolute, monotonic, inside the audio
+    duration_ms = len(samples) * 1000 // 16000
+    previous = 0
+    for w in words:
+        assert previous <= w.start_ms <= w.end_ms <= duration_ms
+        previous = w.end_ms
+
+
+def test_two_sessions_batch_the_encoder_and_keep_their_own_text():
+    engine = Engine(bundle(), EngineConfig(SchedulerConfig(decode_interval=50)))
+    a = audio(librivox_path("0930")).numpy()
+    b = audio(librivox_path("0880")).numpy()
+    for rid in ("a", "b"):
+        engine.add_request(rid)
+    engine.add_audio("a", a[:32000])
+    engine.add_audio("b", b[:32000])
+    engine.step()
+    stats = engine.last_stats
+    assert stats.num_windows == 2 and stats.num_encoder_calls == 1
+    assert stats.num_encoded_items == 2 * 24  # 2 s each, minus the look-ahead item
+    words = stream(Engine(bundle()), ["a", "b"], [a, b])
+    text_a = normalize("".join(w.text for w in words["a"]))
+    text_b = normalize("".join(w.text for w in words["b"]))
+    assert "amiable" in text_a and "young" not in text_a
+    assert "young" in text_b and "amiable" not in text_b
+
+
+def test_identical_audio_is_encoded_once_across_sessions():
+    engine = Engine(bundle())
+    x = audio(librivox_path("0930")).numpy()[:32000]
+    engine.add_request("a")
+    engine.add_request("b")
+    engine.add_audio("a", x)
+    engine.add_audio("b", x)
+    engine.step()
+    assert engine.last_stats.num_windows == 2
+    assert engine.last_stats.num_encoded_items == 24  # deduplicated by content hash
+
+
+def test_failure_in_one_session_ends_it_and_others_continue():
+    engine = Engine(bundle())
+    engine.runner.fail_request_ids.add("bad")
+    x = audio(librivox_path("0930")).numpy()
+    for rid in ("bad", "good"):
+        engine.add_request(rid)
+        engine.add_audio(rid, x)
+    outputs = {o.request_id: o for o in engine.step()}
+    assert outputs["bad"].finished and "injected" in outputs["bad"].error
+    assert not engine.has_request("bad")
+    assert "bad" not in engine.scheduler.encoder_cache.request_cached_ids
+    assert outputs["good"].error is None
+    words = []
+    engine.finish("good")
+    while engine.has_request("good"):
+        for o in engine.step():
+            words += o.committed
+    assert "amiable" in normalize("".join(w.text for w in words))
+
+
+def test_abort_releases_everything_and_silence_dedupes():
+    engine = Engine(bundle())
+    engine.add_request("r")
+    engine.add_audio("r", np.zeros(16000 * 3, dtype=np.float32))
+    engine.step()
+    cache = engine.scheduler.encoder_cache
+    assert len(cache.get_cached_input_ids("r")) <= 3  # silence items share a hash
+    engine.abort("r")
+    assert cache.request_cached_ids == {} and cache.num_referenced == 0
+    assert engine.num_requests == 0

@@ -1,0 +1,235 @@
+"""Torch-free engine core: windows, encoder-cache bookkeeping, scheduler, placeholders."""
+
+import random
+
+from engine.encoder_cache import EncoderCacheManager
+from engine.mm_window import get_mm_features_in_window
+from engine.request import (
+    MMFeature,
+    PlaceholderRange,
+    Request,
+    fill_placeholders,
+    first_placeholder,
+)
+from engine.scheduler import Scheduler, SchedulerConfig
+
+
+def make_request(request_id: str, num_items: int, length: int = 4, hashes=None) -> Request:
+    request = Request(request_id)
+    for i in range(num_items):
+        mm_hash = hashes[i] if hashes else f"{request_id}-{i}"
+        request.mm_features.append(MMFeature(mm_hash, PlaceholderRange(i * length, length)))
+    return request
+
+
+def add_items(request: Request, num_items: int, length: int = 4) -> None:
+    for _ in range(num_items):
+        i = request.num_items
+        request.mm_features.append(
+            MMFeature(f"{request.request_id}-{i}", PlaceholderRange(request.num_positions, length)))
+
+
+def brute_window(features, start, end):
+    idx = [i for i, f in enumerate(features)
+           if f.mm_position.offset < end and f.mm_position.end > start]
+    return (idx[0], idx[-1] + 1) if idx else None
+
+
+def test_window_lookup_matches_brute_force_with_gaps():
+    rng = random.Random(7)
+    features, pos = [], 0
+    for i in range(300):
+        pos += rng.choice([0, 0, 3])  # gaps between items
+        length = rng.randint(1, 6)
+        features.append(MMFeature(str(i), PlaceholderRange(pos, length)))
+        pos += length
+    for _ in range(2000):
+        start = rng.randint(0, pos + 5)
+        end = start + rng.randint(1, 60)
+        lo, hi = get_mm_features_in_window(features, start, end)
+        expected = brute_window(features, start, end)
+        if expected is None:
+            assert lo == hi
+        else:
+            assert (lo, hi) == expected
+
+
+def test_window_lookup_edges():
+    assert get_mm_features_in_window([], 0, 10) == (0, 0)
+    features = make_request("r", 3).mm_features  # positions [0,4) [4,8) [8,12)
+    assert get_mm_features_in_window(features, 0, 4) == (0, 1)
+    assert get_mm_features_in_window(features, 4, 5) == (1, 2)
+    assert get_mm_features_in_window(features, 3, 9) == (0, 3)
+    assert get_mm_features_in_window(features, 12, 20) == (3, 3)
+
+
+def test_placeholder_range_embeds():
+    plain = PlaceholderRange(10, 4)
+    assert plain.get_num_embeds() == 4
+    assert plain.get_embeds_indices_in_range(1, 3) == (1, 3)
+    assert plain.get_embeds_indices_in_range(-5, 99) == (0, 4)
+    masked = PlaceholderRange(0, 5, is_embed=[True, False, True, True, False])
+    assert masked.embeds_cumsum == [1, 1, 2, 3, 3]
+    assert masked.get_num_embeds() == 3
+    assert masked.get_embeds_indices_in_range(0, 5) == (0, 3)
+    assert masked.get_embeds_indices_in_range(1, 3) == (1, 2)
+    assert masked.get_embeds_indices_in_range(2, 2) == (0, 0)
+    empty = PlaceholderRange(0, 0, is_embed=[])
+    assert empty.get_num_embeds() == 0
+    assert empty.get_embeds_indices_in_range(0, 1) == (0, 0)
+
+
+def test_placeholders_fill_oldest_first_from_the_end():
+    ids = [5, 6]
+    assert first_placeholder(ids) == 2
+    ids += [-1, -1, -1]
+    assert first_placeholder(ids) == 2
+    fill_placeholders(ids, [7])
+    assert ids == [5, 6, 7, -1, -1]
+    fill_placeholders(ids, [8, 9])
+    assert ids == [5, 6, 7, 8, 9] and first_placeholder(ids) == 5
+
+
+def test_encoder_cache_duplicate_hashes_in_one_request():
+    cache = EncoderCacheManager(cache_size=8)
+    assert not cache.check_and_update_cache("r", "silence")
+    assert cache.can_allocate(4)
+    cache.allocate("r", "silence", 4)
+    assert cache.check_and_update_cache("r", "silence")  # a second silent item
+    assert cache.get_cached_input_ids("r") == {"silence"}
+    cache.free_encoder_input("r", "silence")  # first item falls behind the window
+    assert cache.get_cached_input_ids("r") == {"silence"}  # the second still uses it
+    assert "silence" not in cache.freeable
+    cache.free_encoder_input("r", "silence")
+    assert cache.get_cached_input_ids("r") == set()
+    assert "r" not in cache.request_cached_ids
+    assert list(cache.freeable) == ["silence"]
+    # evicting it to make room reports it to the runner
+    assert cache.can_allocate(8)
+    assert cache.get_freed_mm_hashes() == ["silence"]
+    assert cache.num_free_slots == 8
+
+
+def test_free_encoder_input_cleans_index_after_eviction():
+    cache = EncoderCacheManager(cache_size=4)
+    cache.allocate("r", "a", 4)
+    cache.check_and_update_cache("s", "a")
+    cache.free("r")
+    cache.free("s")
+    assert cache.can_allocate(4) and cache.get_freed_mm_hashes() == ["a"]
+    cache.request_cached_ids["r"] = {"a"}  # a stale entry for an evicted hash
+    cache.free_encoder_input("r", "a")
+    assert cache.request_cached_ids == {}
+
+
+def test_scheduler_exact_counts_and_freeing():
+    config = SchedulerConfig(max_num_seqs=4, encoder_budget=1000, encoder_cache_size=1000,
+                             decode_interval=50)
+    scheduler = Scheduler(config)
+    a = make_request("a", 20)  # 80 positions
+    b = make_request("b", 5)  # 20 positions: not enough for a decode yet
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = scheduler.schedule()
+    assert [w.request_id for w in out.windows] == ["a"]
+    w = out.windows[0]
+    assert (w.window_start, w.window_end, w.item_lo, w.item_hi) == (0, 80, 0, 20)
+    assert out.encoder_inputs == {"a": list(range(20))}
+    assert out.num_encoder_positions == 80
+    assert scheduler.encoder_cache.num_free_slots == 920
+    # nothing new: no decode
+    assert scheduler.schedule().windows == []
+    # 13 new items (52 positions) -> decode again, only the new items are encoded
+    add_items(a, 13)
+    out = scheduler.schedule()
+    assert out.encoder_inputs == {"a": list(range(20, 33))}
+    assert out.windows[0].window_end == 132
+    # commit boundary at position 40: items 0..9 are freed
+    scheduler.advance_window(a, 40)
+    assert a.num_freed_items == 10
+    assert len(scheduler.encoder_cache.get_cached_input_ids("a")) == 23
+    assert scheduler.encoder_cache.num_free_slots == 1000 - 132  # freeable until evicted
+    assert len(scheduler.encoder_cache.freeable) == 10
+    add_items(a, 13)
+    out = scheduler.schedule()
+    w = out.windows[0]
+    assert (w.window_start, w.item_lo, w.item_hi) == (40, 10, 46)
+    scheduler.finish_request("a")
+    assert scheduler.encoder_cache.request_cached_ids.keys() == set()
+    assert scheduler.schedule().finished_request_ids == ["a"]
+
+
+def test_scheduler_budget_and_cache_full_wait_instead_of_raising():
+    config = SchedulerConfig(max_num_seqs=8, encoder_budget=100, encoder_cache_size=120,
+                             decode_interval=50)
+    scheduler = Scheduler(config)
+    for rid in "abc":
+        scheduler.add_request(make_request(rid, 15))  # 60 positions each
+    out = scheduler.schedule()
+    assert [w.request_id for w in out.windows] == ["a"]  # budget 100 fits one
+    out = scheduler.schedule()
+    assert [w.request_id for w in out.windows] == ["b"]
+    out = scheduler.schedule()  # cache holds 120: c must wait
+    assert out.windows == []
+    scheduler.finish_request("a")
+    out = scheduler.schedule()
+    assert [w.request_id for w in out.windows] == ["c"]
+    assert sorted(out.freed_mm_hashes) == sorted(f"a-{i}" for i in range(15))
+
+
+def test_random_steps_keep_cache_invariants():
+    rng = random.Random(1234)
+    config = SchedulerConfig(max_num_seqs=3, encoder_budget=200, encoder_cache_size=400,
+                             decode_interval=8)
+    scheduler = Scheduler(config)
+    cache = scheduler.encoder_cache
+    live: dict[str, Request] = {}
+    pool = [f"h{i}" for i in range(30)]  # shared content: duplicates within and across
+    next_id = 0
+    for _ in range(3000):
+        action = rng.random()
+        if action < 0.05 or not live:
+            rid = f"r{next_id}"
+            next_id += 1
+            live[rid] = Request(rid)
+            scheduler.add_request(live[rid])
+        elif action < 0.08:
+            rid = rng.choice(list(live))
+            scheduler.finish_request(rid)
+            del live[rid]
+        elif action < 0.6:
+            request = live[rng.choice(list(live))]
+            for _ in range(rng.randint(1, 6)):
+                request.mm_features.append(MMFeature(
+                    rng.choice(pool), PlaceholderRange(request.num_positions, 4)))
+        else:
+            out = scheduler.schedule()
+            for w in out.windows:
+                request = live[w.request_id]
+                if rng.random() < 0.5:  # a commit somewhere in the window
+                    scheduler.advance_window(request, rng.randint(w.window_start, w.window_end))
+        # invariants
+        refs_total = 0
+        for mm_hash, refs in cache.cached.items():
+            assert all(n > 0 for n in refs.values())
+            assert (mm_hash in cache.freeable) == (not refs)
+            for rid in refs:
+                assert mm_hash in cache.request_cached_ids[rid]
+            refs_total += sum(refs.values())
+        for rid, ids in cache.request_cached_ids.items():
+            assert rid in live and ids
+            for mm_hash in ids:
+                assert rid in cache.cached[mm_hash]
+        for rid, request in live.items():
+            held = request.num_encoded_items - request.num_freed_items
+            assert sum(cache.cached[f.identifier].get(rid, 0) > 0 for f in
+                       request.mm_features[request.num_freed_items:request.num_encoded_items]) == held
+        expected_refs = sum(r.num_encoded_items - r.num_freed_items for r in live.values())
+        assert refs_total == expected_refs
+        used = sum(cache.sizes[h] for h in cache.cached)
+        assert cache.num_free_slots == cache.cache_size - used >= 0
+    for rid in list(live):
+        scheduler.finish_request(rid)
+    assert cache.request_cached_ids == {}
+    assert cache.num_referenced == 0
+    assert len(cache.freeable) == len(cache.cached)
