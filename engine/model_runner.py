@@ -22,7 +22,7 @@ from engine.model.transcribe import split_segments
 from engine.policy import Word
 from engine.processor_cache import ProcessorCache
 from engine.request import POSITIONS_PER_SECOND, Request
-from engine.scheduler import MAX_WINDOW_POSITIONS, SchedulerOutput, ScheduledWindow
+from engine.scheduler import MAX_WINDOW_POSITIONS, ScheduledWindow, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
