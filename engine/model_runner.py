@@ -19,6 +19,7 @@ from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingOptions, decode
 from engine.model.transcribe import split_segments
+from engine.mm_window import get_mm_features_in_window
 from engine.policy import Word
 from engine.processor_cache import ProcessorCache
 from engine.request import POSITIONS_PER_SECOND, Request
@@ -97,7 +98,9 @@ class ModelRunner:
     def gather(self, window: ScheduledWindow, request: Request) -> torch.Tensor:
         """Embeddings of the window's positions, padded to 30 s -> (1500, n_state)."""
         pieces = []
-        for feature in request.mm_features[window.item_lo : window.item_hi]:
+        lo, hi = get_mm_features_in_window(request.mm_features, window.window_start,
+                                           window.window_end)
+        for feature in request.mm_features[lo:hi]:
             pos = feature.mm_position
             lo, hi = pos.get_embeds_indices_in_range(window.window_start - pos.offset,
                                                      window.window_end - pos.offset)

@@ -130,3 +130,36 @@ def test_abort_releases_everything_and_silence_dedupes():
     engine.abort("r")
     assert cache.request_cached_ids == {} and cache.num_referenced == 0
     assert engine.num_requests == 0
+
+
+def test_processor_cache_inject_skips_processing_and_counts_hits():
+    engine = Engine(bundle())
+    x = audio(librivox_path("0880")).numpy()[:16000]
+    engine.add_request("r")
+    engine.add_audio("r", x)
+    request = engine.scheduler.requests["r"]
+    # features computed "outside" (as a client sending log-mel would): same values
+    contexts = torch.from_numpy(np.stack([f.data for f in request.mm_features]))
+    hashes = [f.identifier for f in request.mm_features]
+    engine.processor_cache.inject(hashes, list(item_log_mel(contexts)))
+    for f in request.mm_features:
+        f.data = None  # the runner must not need the PCM any more
+    engine.flush("r")
+    engine.step()
+    cache = engine.processor_cache
+    assert cache.num_queries == len(request.mm_features)
+    assert cache.num_hits == len(hashes)  # all but the flushed tail came from inject
+    assert engine.last_stats.num_encoded_items == len(request.mm_features)
+
+
+def test_processor_cache_is_bytes_bounded_lru():
+    from engine.processor_cache import ProcessorCache
+
+    cache = ProcessorCache(max_bytes=3 * 400)
+    for i in range(5):
+        cache.put(str(i), np.zeros(100, dtype=np.float32))  # 400 bytes each
+    assert list(cache.entries) == ["2", "3", "4"] and cache.num_bytes == 1200
+    assert cache.get("2") is not None and cache.get("0") is None
+    cache.put("5", np.zeros(100, dtype=np.float32))
+    assert list(cache.entries) == ["4", "2", "5"]
+    assert (cache.num_queries, cache.num_hits) == (2, 1)
