@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
+from engine.mm_window import get_mm_features_in_window
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingOptions, decode
 from engine.model.transcribe import split_segments
-from engine.mm_window import get_mm_features_in_window
 from engine.policy import Word
 from engine.processor_cache import ProcessorCache
 from engine.request import POSITIONS_PER_SECOND, Request
