@@ -207,4 +207,4 @@ class Engine:
         return max(request.window_start, min(position, request.num_positions) // length * length)
 
     def has_work(self) -> bool:
-        return any(self.scheduler._ready(r) for r in self.scheduler.requests.values())
+        return any(self.scheduler.is_ready(r) for r in self.scheduler.requests.values())

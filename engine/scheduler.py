@@ -69,7 +69,7 @@ class Scheduler:
         request.num_freed_items = request.num_encoded_items
         self.finished_ids.append(request_id)
 
-    def _ready(self, request: Request) -> bool:
+    def is_ready(self, request: Request) -> bool:
         end = request.num_positions
         if request.input_finished or request.flush_requested:
             return end > request.num_decoded_positions or request.input_finished
@@ -85,7 +85,7 @@ class Scheduler:
             if len(windows) >= self.config.max_num_seqs:
                 break
             request = self.requests[request_id]
-            if not self._ready(request):
+            if not self.is_ready(request):
                 continue
             start = request.window_start
             end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)

@@ -229,29 +229,30 @@ def hf_to_openai(config: dict, tensors: dict) -> tuple[ModelDimensions, dict]:
     return dims, out
 
 
+OPENAI_TO_HF = [  # substring replacements, in order
+    (".attn.query.", ".self_attn.q_proj."), (".attn.key.", ".self_attn.k_proj."),
+    (".attn.value.", ".self_attn.v_proj."), (".attn.out.", ".self_attn.out_proj."),
+    (".cross_attn.query.", ".encoder_attn.q_proj."), (".cross_attn.key.", ".encoder_attn.k_proj."),
+    (".cross_attn.value.", ".encoder_attn.v_proj."), (".cross_attn.out.", ".encoder_attn.out_proj."),
+    (".cross_attn_ln.", ".encoder_attn_layer_norm."), (".attn_ln.", ".self_attn_layer_norm."),
+    (".mlp_ln.", ".final_layer_norm."), (".mlp.0.", ".fc1."), (".mlp.2.", ".fc2."),
+    ("encoder.ln_post.", "encoder.layer_norm."), ("decoder.ln.", "decoder.layer_norm."),
+    ("decoder.token_embedding.", "decoder.embed_tokens."), (".blocks.", ".layers."),
+]
+OPENAI_TO_HF_EXACT = {
+    "encoder.positional_embedding": "model.encoder.embed_positions.weight",
+    "decoder.positional_embedding": "model.decoder.embed_positions.weight",
+}
+
+
 def openai_to_hf(state: dict) -> dict:
     """The inverse of `hf_to_openai`'s renaming (used to export and in tests)."""
-    inverse = [
-        ("encoder.positional_embedding", "model.encoder.embed_positions.weight"),
-        ("decoder.positional_embedding", "model.decoder.embed_positions.weight"),
-    ]
     out = {}
     for name, value in state.items():
-        hf = dict(inverse).get(name)
+        hf = OPENAI_TO_HF_EXACT.get(name)
         if hf is None:
             hf = name
-            for a, b in [
-                (".attn.query.", ".self_attn.q_proj."), (".attn.key.", ".self_attn.k_proj."),
-                (".attn.value.", ".self_attn.v_proj."), (".attn.out.", ".self_attn.out_proj."),
-                (".cross_attn.query.", ".encoder_attn.q_proj."),
-                (".cross_attn.key.", ".encoder_attn.k_proj."),
-                (".cross_attn.value.", ".encoder_attn.v_proj."),
-                (".cross_attn.out.", ".encoder_attn.out_proj."),
-                (".cross_attn_ln.", ".encoder_attn_layer_norm."), (".attn_ln.", ".self_attn_layer_norm."),
-                (".mlp_ln.", ".final_layer_norm."), (".mlp.0.", ".fc1."), (".mlp.2.", ".fc2."),
-                ("encoder.ln_post.", "encoder.layer_norm."), ("decoder.ln.", "decoder.layer_norm."),
-                ("decoder.token_embedding.", "decoder.embed_tokens."), (".blocks.", ".layers."),
-            ]:
+            for a, b in OPENAI_TO_HF:
                 hf = hf.replace(a, b)
             hf = "model." + hf
         out[hf] = value
