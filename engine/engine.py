@@ -32,6 +32,14 @@ TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # cut the window at a commit o
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # near 30 s, force-commit all but the last 5 s
 
 
+def ms_to_position(ms: int) -> int:
+    return ms * POSITIONS_PER_SECOND // 1000
+
+
+def position_to_ms(position: int) -> int:
+    return position * 1000 // POSITIONS_PER_SECOND
+
+
 @dataclass
 class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -63,6 +71,7 @@ class Engine:
         self.scheduler = Scheduler(self.config.scheduler)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
         self.runner = ModelRunner(bundle, self.processor_cache)
+        self.item_positions = self.config.item_samples // SAMPLES_PER_POSITION  # 4 for 80 ms
         self.framers: dict[str, AudioFramer] = {}
         self.policies: dict[str, LocalAgreement] = {}
         self.last_stats = StepStats()
@@ -90,12 +99,11 @@ class Engine:
         self._add_items(request, self.framers[request_id].push(np.asarray(samples, np.float32)))
 
     def _add_items(self, request: Request, contexts: list[np.ndarray]) -> None:
-        length = self.config.item_samples // SAMPLES_PER_POSITION
         for context in contexts:
             digest = hashlib.blake2b(context.tobytes(), key=self._hash_key, digest_size=16)
             offset = request.num_positions
             request.mm_features.append(
-                MMFeature(digest.hexdigest(), PlaceholderRange(offset, length), context))
+                MMFeature(digest.hexdigest(), PlaceholderRange(offset, self.item_positions), context))
 
     def flush(self, request_id: str) -> None:
         """Decode and commit everything received so far (the session stays open)."""
@@ -180,10 +188,9 @@ class Engine:
         length = end - request.window_start
         if length >= MAX_WINDOW_POSITIONS - self.config.scheduler.decode_interval:
             # the window is nearly 30 s: commit all but the last seconds
-            keep_ms = (end - FORCE_KEEP_POSITIONS) * 1000 // POSITIONS_PER_SECOND
-            forced = policy.force_commit_until(keep_ms)
+            forced = policy.force_commit_until(position_to_ms(end - FORCE_KEEP_POSITIONS))
             update = PolicyUpdate(update.committed + forced.committed, forced.tentative)
-            boundary = policy.committed_end_ms * POSITIONS_PER_SECOND // 1000
+            boundary = ms_to_position(policy.committed_end_ms)
             if boundary <= request.window_start or result.silence:
                 boundary = end - FORCE_KEEP_POSITIONS
             self._cut(request, boundary)
@@ -191,7 +198,7 @@ class Engine:
             if result.silence:
                 boundary = end - FORCE_KEEP_POSITIONS
             else:
-                boundary = policy.committed_end_ms * POSITIONS_PER_SECOND // 1000
+                boundary = ms_to_position(policy.committed_end_ms)
             if boundary > request.window_start:
                 self._cut(request, boundary)
         return EngineOutput(request.request_id, update.committed, update.tentative)
@@ -199,12 +206,12 @@ class Engine:
     def _cut(self, request: Request, position: int) -> None:
         self.scheduler.advance_window(request, self._item_floor(request, position))
         policy = self.policies[request.request_id]
-        policy.cut_window(request.window_start * 1000 // POSITIONS_PER_SECOND)
+        policy.cut_window(position_to_ms(request.window_start))
 
     def _item_floor(self, request: Request, position: int) -> int:
         """Round a position down to an item boundary, never behind the window start."""
-        length = self.config.item_samples // SAMPLES_PER_POSITION
-        return max(request.window_start, min(position, request.num_positions) // length * length)
+        size = self.item_positions
+        return max(request.window_start, min(position, request.num_positions) // size * size)
 
     def has_work(self) -> bool:
         return any(self.scheduler.is_ready(r) for r in self.scheduler.requests.values())

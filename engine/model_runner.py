@@ -98,13 +98,13 @@ class ModelRunner:
     def gather(self, window: ScheduledWindow, request: Request) -> torch.Tensor:
         """Embeddings of the window's positions, padded to 30 s -> (1500, n_state)."""
         pieces = []
-        lo, hi = get_mm_features_in_window(request.mm_features, window.window_start,
-                                           window.window_end)
-        for feature in request.mm_features[lo:hi]:
+        item_lo, item_hi = get_mm_features_in_window(request.mm_features, window.window_start,
+                                                     window.window_end)
+        for feature in request.mm_features[item_lo:item_hi]:
             pos = feature.mm_position
-            lo, hi = pos.get_embeds_indices_in_range(window.window_start - pos.offset,
-                                                     window.window_end - pos.offset)
-            pieces.append(self.encoder_cache[feature.identifier][lo:hi])
+            embed_lo, embed_hi = pos.get_embeds_indices_in_range(window.window_start - pos.offset,
+                                                                 window.window_end - pos.offset)
+            pieces.append(self.encoder_cache[feature.identifier][embed_lo:embed_hi])
         x = torch.cat(pieces) if pieces else self.pad[None, :0]
         num_pad = MAX_WINDOW_POSITIONS - x.shape[0]
         return torch.cat([x, self.pad.expand(num_pad, -1)]) if num_pad > 0 else x
