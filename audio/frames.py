@@ -29,8 +29,9 @@ class AudioFramer:
         self.context = item_samples + CONTEXT_BEFORE + CONTEXT_AFTER
         self.buffer = np.zeros(CONTEXT_BEFORE, dtype=np.float32)  # silence before the start
         self.buffer_start = -CONTEXT_BEFORE  # absolute sample index of buffer[0]
-        self.num_samples = 0  # samples received
+        self.num_samples = 0  # samples on the timeline: received + padding
         self.num_items = 0  # items emitted
+        self.num_padded = 0  # silence samples flush() inserted to complete items
 
     def push(self, samples: np.ndarray) -> list[np.ndarray]:
         """Add (n,) float32 samples -> contexts (self.context,) of the items now complete."""
@@ -40,13 +41,21 @@ class AudioFramer:
         return self._emit(self.num_samples)
 
     def flush(self) -> list[np.ndarray]:
-        """End of input: pad with silence and emit the last (partial) item."""
+        """Emit every pending item now, padding the last partial one with silence.
+
+        The padding becomes part of the timeline (`num_padded` counts it), so audio pushed
+        afterwards continues after it and items stay aligned.
+        """
         remainder = -self.num_samples % self.item_samples
         end = self.num_samples + remainder
         need = end + CONTEXT_AFTER - (self.buffer_start + self.buffer.size)
         if need > 0:
             self.buffer = np.concatenate([self.buffer, np.zeros(need, dtype=np.float32)])
-        return self._emit(end, final=True)
+        out = self._emit(end, final=True)
+        self.buffer = self.buffer[: end - self.buffer_start]  # later audio starts at `end`
+        self.num_samples = end
+        self.num_padded += remainder
+        return out
 
     def _emit(self, available: int, final: bool = False) -> list[np.ndarray]:
         out = []

@@ -19,12 +19,16 @@ class EncoderCacheManager:
         self.freeable: OrderedDict[str, int] = OrderedDict()  # unreferenced hashes, LRU first
         self.freed: list[str] = []  # evicted since the last get_freed_mm_hashes()
         self.request_cached_ids: dict[str, set[str]] = {}  # request id -> hashes it references
+        self.num_queries = 0  # check_and_update_cache calls (for /metrics)
+        self.num_hits = 0  # ... that found the hash cached
 
     def check_and_update_cache(self, request_id: str, mm_hash: str) -> bool:
         """If `mm_hash` is cached, add a reference from the request and return True."""
+        self.num_queries += 1
         refs = self.cached.get(mm_hash)
         if refs is None:
             return False
+        self.num_hits += 1
         if not refs:
             self.freeable.pop(mm_hash, None)
         refs[request_id] = refs.get(request_id, 0) + 1

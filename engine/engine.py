@@ -7,12 +7,15 @@ and returns what changed per session.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from audio.frames import ITEM_SAMPLES, STREAM_LOG_FLOOR, AudioFramer
+from audio.io import SAMPLE_RATE
 from engine.model import ModelBundle
 from engine.model_runner import ModelRunner, RunnerOutput, WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate, Word
@@ -27,6 +30,8 @@ from engine.request import (
     fill_placeholders,
 )
 from engine.scheduler import MAX_WINDOW_POSITIONS, Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
 
 TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # cut the window at a commit once over 15 s
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # near 30 s, force-commit all but the last 5 s
@@ -53,8 +58,12 @@ class EngineOutput:
     committed: list[Word]  # newly committed words (final, never rewritten)
     tentative: list[Word]  # current tentative tail (replaces the previous one)
     finished: bool = False  # the request is done; no more outputs
-    flushed: bool = False  # everything received so far is committed
+    flushed_ms: int | None = None  # set when a flush completed: all audio before it is committed
     error: str | None = None
+
+    @property
+    def flushed(self) -> bool:
+        return self.flushed_ms is not None
 
 
 @dataclass
@@ -74,6 +83,10 @@ class Engine:
         self.item_positions = self.config.item_samples // SAMPLES_PER_POSITION  # 4 for 80 ms
         self.framers: dict[str, AudioFramer] = {}
         self.policies: dict[str, LocalAgreement] = {}
+        # silence flush() inserted into a session's timeline: timeline ms where each padding
+        # ends, and the total padding up to there, to report times in received-audio ms
+        self.pad_ends: dict[str, list[int]] = {}
+        self.pad_totals: dict[str, list[int]] = {}
         self.last_stats = StepStats()
         params = f"{bundle.model_id}:{self.config.item_samples}:{STREAM_LOG_FLOOR}"
         self._hash_key = hashlib.blake2b(params.encode(), digest_size=16).digest()
@@ -84,6 +97,7 @@ class Engine:
         self.scheduler.add_request(Request(request_id))
         self.framers[request_id] = AudioFramer(self.config.item_samples)
         self.policies[request_id] = LocalAgreement()
+        self.pad_ends[request_id], self.pad_totals[request_id] = [], []
 
     def _request(self, request_id: str) -> Request:
         request = self.scheduler.requests.get(request_id)
@@ -106,17 +120,48 @@ class Engine:
                 MMFeature(digest.hexdigest(), PlaceholderRange(offset, self.item_positions), context))
 
     def flush(self, request_id: str) -> None:
-        """Decode and commit everything received so far (the session stays open)."""
+        """Decode and commit everything received so far; the session stays open.
+
+        An output with `flushed_ms` set tells when it is done.
+        """
         request = self._request(request_id)
-        self._add_items(request, self.framers[request_id].flush())
-        request.flush_requested = True
+        if request.input_finished:
+            return  # finishing commits everything anyway
+        self._flush_framer(request)
+        request.flush_position = max(request.num_positions, 1)
 
     def finish(self, request_id: str) -> None:
         """No more audio: the next steps commit everything and end the request."""
         request = self._request(request_id)
         if not request.input_finished:
-            self._add_items(request, self.framers[request_id].flush())
+            self._flush_framer(request)
             request.input_finished = True
+
+    def _flush_framer(self, request: Request) -> None:
+        framer = self.framers[request.request_id]
+        padded = framer.num_padded
+        self._add_items(request, framer.flush())
+        if framer.num_padded > padded:
+            self.pad_ends[request.request_id].append(framer.num_samples * 1000 // SAMPLE_RATE)
+            self.pad_totals[request.request_id].append(framer.num_padded * 1000 // SAMPLE_RATE)
+
+    def audio_ms(self, request_id: str, timeline_ms: int) -> int:
+        """Session timeline ms -> ms of received audio (flush padding removed)."""
+        ends = self.pad_ends.get(request_id)
+        if not ends:
+            return timeline_ms
+        i = bisect.bisect_right(ends, timeline_ms)
+        if i < len(ends):  # inside padding i: clamp to its start
+            pad = self.pad_totals[request_id][i] - (self.pad_totals[request_id][i - 1] if i else 0)
+            timeline_ms = min(timeline_ms, ends[i] - pad)
+        return timeline_ms - (self.pad_totals[request_id][i - 1] if i else 0)
+
+    def _audio_words(self, request_id: str, words: list[Word]) -> list[Word]:
+        if not self.pad_ends.get(request_id):
+            return words
+        f = self.audio_ms
+        return [Word(w.text, f(request_id, w.start_ms), f(request_id, w.end_ms), w.tokens)
+                for w in words]
 
     def abort(self, request_id: str) -> None:
         request = self.scheduler.requests.get(request_id)
@@ -128,6 +173,8 @@ class Engine:
         self.scheduler.finish_request(request_id)
         self.framers.pop(request_id, None)
         self.policies.pop(request_id, None)
+        self.pad_ends.pop(request_id, None)
+        self.pad_totals.pop(request_id, None)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.scheduler.requests
@@ -137,8 +184,9 @@ class Engine:
         return len(self.scheduler.requests)
 
     def committed_ms(self, request_id: str) -> int:
+        """End of the committed text in received-audio ms (0 for unknown requests)."""
         policy = self.policies.get(request_id)
-        return policy.committed_end_ms if policy is not None else 0
+        return self.audio_ms(request_id, policy.committed_end_ms) if policy is not None else 0
 
     # ------------------------------------------------------------------ step
 
@@ -150,7 +198,13 @@ class Engine:
             request = requests[window.request_id]
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
             prompts[window.request_id] = self.policies[window.request_id].prompt_tokens()
-        runner_output = self.runner.execute(scheduled, requests, prompts)
+        try:
+            runner_output = self.runner.execute(scheduled, requests, prompts)
+        except Exception as e:  # a fault outside one window's decode: fail this step's sessions
+            log.exception("model runner step failed")
+            error = f"{type(e).__name__}: {e}"
+            runner_output = RunnerOutput([WindowResult(w.request_id, [], w.final, error=error)
+                                          for w in scheduled.windows])
         return self.update_from_output(runner_output)
 
     def update_from_output(self, output: RunnerOutput) -> list[EngineOutput]:
@@ -174,16 +228,19 @@ class Engine:
     def _apply(self, request: Request, result: WindowResult) -> EngineOutput:
         policy = self.policies[request.request_id]
         end = request.num_decoded_positions
+        rid = request.request_id
         if result.final:
             update = policy.flush(result.words)
             self._cut(request, end)
-            request.flush_requested = False
+            if request.flush_position <= end:
+                request.flush_position = 0
             done = request.input_finished and request.window_start >= request.num_positions
+            flushed_ms = self.audio_ms(rid, position_to_ms(end))
+            committed = self._audio_words(rid, update.committed)
             if done:
                 request.status = RequestStatus.FINISHED
-                self._drop(request.request_id)
-            return EngineOutput(request.request_id, update.committed, [], finished=done,
-                                flushed=True)
+                self._drop(rid)
+            return EngineOutput(rid, committed, [], finished=done, flushed_ms=flushed_ms)
         update = policy.update(result.words)
         length = end - request.window_start
         if length >= MAX_WINDOW_POSITIONS - self.config.scheduler.decode_interval:
@@ -201,7 +258,8 @@ class Engine:
                 boundary = ms_to_position(policy.committed_end_ms)
             if boundary > request.window_start:
                 self._cut(request, boundary)
-        return EngineOutput(request.request_id, update.committed, update.tentative)
+        return EngineOutput(rid, self._audio_words(rid, update.committed),
+                            self._audio_words(rid, update.tentative))
 
     def _cut(self, request: Request, position: int) -> None:
         self.scheduler.advance_window(request, self._item_floor(request, position))

@@ -115,11 +115,17 @@ class ModelRunner:
         calls, items = self.encode_items(out, requests)
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(out.windows))
-        if not out.windows:
+        windows = []
+        for window in out.windows:
+            if window.window_end > window.window_start:
+                windows.append(window)
+            else:  # a flush or finish with no new audio: nothing to decode
+                result.results.append(WindowResult(window.request_id, [], window.final, silence=True))
+        if not windows:
             return result
-        x = torch.stack([self.gather(w, requests[w.request_id]) for w in out.windows])
+        x = torch.stack([self.gather(w, requests[w.request_id]) for w in windows])
         features = self.model.encoder.transformer(x)  # (B, 1500, n_state)
-        for b, window in enumerate(out.windows):
+        for b, window in enumerate(windows):
             try:
                 if window.request_id in self.fail_request_ids:
                     raise RuntimeError("injected failure")

@@ -78,7 +78,7 @@ class Request:
     mm_features: list[MMFeature] = field(default_factory=list)  # sorted, non-overlapping
     status: RequestStatus = RequestStatus.RUNNING
     input_finished: bool = False  # no more audio will come
-    flush_requested: bool = False  # decode and commit everything received so far
+    flush_position: int = 0  # commit everything before this position (0: no flush pending)
     window_start: int = 0  # first position of the decode window (a committed boundary)
     num_decoded_positions: int = 0  # window end at the last decode
     num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed

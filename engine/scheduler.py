@@ -33,7 +33,7 @@ class ScheduledWindow:
     window_end: int  # one past the last position
     item_lo: int  # mm_features[item_lo:item_hi] overlap the window
     item_hi: int
-    final: bool  # the request's input is finished or flushed: commit everything
+    final: bool  # input finished, or the window reaches the flush position: commit everything
 
 
 @dataclass
@@ -70,10 +70,9 @@ class Scheduler:
         self.finished_ids.append(request_id)
 
     def is_ready(self, request: Request) -> bool:
-        end = request.num_positions
-        if request.input_finished or request.flush_requested:
-            return end > request.num_decoded_positions or request.input_finished
-        return end - request.num_decoded_positions >= self.config.decode_interval
+        if request.input_finished or request.flush_position:
+            return True  # a final decode is due even when no audio came since the last one
+        return request.num_positions - request.num_decoded_positions >= self.config.decode_interval
 
     def schedule(self) -> SchedulerOutput:
         windows: list[ScheduledWindow] = []
@@ -119,7 +118,8 @@ class Scheduler:
             num_positions += num_new
             request.num_encoded_items = hi
             encoder_inputs[request_id] = list(new)
-            final = request.input_finished or request.flush_requested
+            # final: commit everything; a flush behind a backlog of over 30 s waits for its window
+            final = request.input_finished or 0 < request.flush_position <= end
             windows.append(ScheduledWindow(request_id, start, end, lo, hi, final))
             request.num_decoded_positions = end
         # rotate so sessions share the step fairly

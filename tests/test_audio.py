@@ -4,7 +4,10 @@ import soundfile
 import torch
 
 from audio import AudioError, load_audio, pcm_to_float, resample
+from audio.frames import CONTEXT_AFTER, ITEM_SAMPLES, AudioFramer
 from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
+from audio.stream import StreamResampler
+from audio.vad import EnergyVad
 from tests.helpers import audio, librivox_path
 
 
@@ -82,3 +85,68 @@ def test_float32_frames_are_zero_copy():
 def test_bad_pcm_frames(data, encoding, message):
     with pytest.raises(AudioError, match=message):
         pcm_to_float(data, encoding)
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 24000, 44100, 48000])
+def test_stream_resampler_equals_whole_signal_resampling(rate):
+    rng = np.random.default_rng(rate)
+    signal = rng.standard_normal(rate * 2 + 17).astype(np.float32) * 0.1  # 2 s, odd length
+    whole = resample(torch.from_numpy(signal), rate).numpy()
+    resampler = StreamResampler(rate)
+    pieces, i = [], 0
+    while i < signal.size:  # network-like frames of random sizes, some empty
+        n = int(rng.integers(0, rate // 10))
+        pieces.append(resampler.push(signal[i : i + n]))
+        i += n
+    pieces.append(resampler.flush())
+    streamed = np.concatenate(pieces)
+    assert streamed.shape == whole.shape
+    assert np.abs(streamed - whole).max() < 1e-5
+
+
+@pytest.mark.parametrize("rate, max_held_ms", [(24000, 1), (48000, 2), (44100, 40), (8000, 1)])
+def test_stream_resampler_holds_back_little(rate, max_held_ms):
+    resampler = StreamResampler(rate)
+    out = resampler.push(np.zeros(rate, dtype=np.float32))  # 1 s
+    assert 16000 - 16 * max_held_ms <= out.size < 16000
+
+
+def test_stream_resampler_rejects_absurd_rates():
+    for rate in (0, 100, 7999, 48001, 10**9):
+        with pytest.raises(AudioError, match="out of range"):
+            StreamResampler(rate)
+
+
+def test_framer_flush_then_more_audio_stays_aligned():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(3000).astype(np.float32)
+    b = rng.standard_normal(5000).astype(np.float32)
+    framer = AudioFramer()
+    contexts = framer.push(a) + framer.flush() + framer.push(b) + framer.flush()
+    pad = -a.size % ITEM_SAMPLES
+    assert framer.num_padded == pad + (-b.size % ITEM_SAMPLES)
+    reference = AudioFramer()  # the same timeline with the padding as real silence
+    expected = reference.push(np.concatenate([a, np.zeros(pad, np.float32), b])) + reference.flush()
+    assert len(contexts) == len(expected)
+    flushed = -(-a.size // ITEM_SAMPLES) - 1  # a's last item: flush could not wait for b
+    for i, (got, want) in enumerate(zip(contexts, expected, strict=True)):
+        if i == flushed:  # its look-ahead is silence instead of b's first samples
+            np.testing.assert_array_equal(got[-CONTEXT_AFTER:], 0)
+            got, want = got[:-CONTEXT_AFTER], want[:-CONTEXT_AFTER]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_vad_finds_speech_turns_in_real_recordings():
+    first, second = audio(librivox_path("0870")), audio(librivox_path("0880"))
+    gap = torch.zeros(16000)
+    stream = torch.cat([gap, first, gap, second, gap]).numpy()
+    vad = EnergyVad(silence_ms=500)
+    events = []
+    for i in range(0, stream.size, 1600):
+        events += vad.push(stream[i : i + 1600])
+    kinds = [e.kind for e in events]
+    assert kinds == ["speech_started", "speech_stopped"] * 2
+    start_2 = (16000 + first.numel() + 16000) * 1000 // 16000
+    assert 1000 <= events[0].ms < 1600
+    assert start_2 <= events[2].ms < start_2 + 600
+    assert events[1].ms < start_2 - 500  # stopped within the gap, before the next turn
