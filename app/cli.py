@@ -50,9 +50,44 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import os
+
+    from app.config import ServerConfig
+    from app.server import Server
+    from engine.engine import Engine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per request
+    config = ServerConfig(host=args.host, port=args.port,
+                          api_key=args.api_key or os.environ.get("VOXTIDE_API_KEY") or None,
+                          max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes,
+                          idle_timeout_s=args.idle_timeout, data_dir=args.data_dir, fsync=args.fsync)
+    server = Server(Engine(_load(args)), config)
+    try:
+        asyncio.run(server.serve_forever())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="voxtide", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the websocket server (/v1/listen, /v1/realtime)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--api-key", default=None, help="require this key (or set VOXTIDE_API_KEY)")
+    p.add_argument("--max-sessions", type=int, default=16)
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20)
+    p.add_argument("--idle-timeout", type=float, default=60.0, help="seconds without a message")
+    p.add_argument("--data-dir", default="voxtide-data", help="per-session JSONL transcripts")
+    p.add_argument("--fsync", action="store_true", help="fsync each transcript line")
+    _add_model_args(p)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("transcribe", help="transcribe audio files offline")
     p.add_argument("files", nargs="+", help="wav/flac/ogg files, any rate and channel count")

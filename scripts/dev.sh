@@ -50,12 +50,7 @@ case "$cmd" in
     ;;
   serve)
     install_venv
-    # The websocket server is the next issue; until `voxtide serve` exists, the main job
-    # transcribes the bundled sample (LibriVox, public domain) on the embedded model.
-    if "$venv/bin/voxtide" serve --help >/dev/null 2>&1; then
-      exec "$venv/bin/voxtide" serve "$@"
-    fi
-    exec "$venv/bin/voxtide" transcribe web/sample.wav "$@"
+    exec "$venv/bin/voxtide" serve "$@"
     ;;
   run)
     install_apt

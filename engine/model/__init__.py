@@ -24,6 +24,7 @@ class ModelBundle:
     tokenizer: Tokenizer
     suppress: list[int]  # non-speech token ids never sampled
     model_id: str  # part of every audio item's content hash
+    name: str = "whisper"  # shown to clients: "whisper-tiny.en" for the bundled model
 
     @property
     def device(self) -> torch.device:
@@ -50,4 +51,5 @@ def load_bundle(path: str | Path | None = None, device: str | torch.device | Non
     tokenizer = Tokenizer.for_model(resolved, model.dims.n_vocab)
     folder = resolved if resolved.is_dir() else resolved.parent
     model_id = hashlib.blake2b(f"{resolved.resolve()}:{model.dims}".encode(), digest_size=8).hexdigest()
-    return ModelBundle(model, tokenizer, _suppress_ids(folder, tokenizer), model_id)
+    name = "whisper-tiny.en" if path is None else (resolved.name if resolved.is_dir() else resolved.stem)
+    return ModelBundle(model, tokenizer, _suppress_ids(folder, tokenizer), model_id, name)

@@ -1,0 +1,288 @@
+"""`/v1/realtime`: the OpenAI Realtime API's transcription events.
+
+Client events: session.update / transcription_session.update (audio format, turn
+detection), input_audio_buffer.append {audio: base64 pcm16}, input_audio_buffer.commit,
+input_audio_buffer.clear. Server events: session.created, session.updated /
+transcription_session.updated, input_audio_buffer.speech_started / speech_stopped /
+committed / cleared, conversation.item.input_audio_transcription.delta / completed, error.
+
+Audio is pcm16 mono at 24 kHz as OpenAI's, or at the rate given in
+`session.audio.input.format.rate` (any of 8000-48000) or the `sample_rate` query parameter.
+Each turn (the audio between two commits) is one conversation item. With turn detection
+(`server_vad`, the default) a turn is committed after `silence_duration_ms` of silence;
+with `turn_detection: null` the client commits. Deltas stream each item's text as the engine
+commits it (append-only, as OpenAI's); `completed` carries the item's whole transcript once
+the engine has committed all audio up to the turn's end.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection
+
+from app.session import ServerContext, Session, new_id, text_of, words_json
+from audio.io import AudioError, check_stream_rate, pcm_to_float
+from audio.stream import StreamResampler
+from audio.vad import EnergyVad, VadEvent
+from engine.engine import EngineOutput
+from engine.policy import Word
+
+OPENAI_RATE = 24000
+MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
+DEFAULT_TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                          "silence_duration_ms": 500}
+
+
+@dataclass
+class Item:
+    """One turn: audio [start_ms, end_ms) of the session, and its text so far."""
+
+    id: str
+    start_ms: int
+    end_ms: int | None = None  # set when committed
+    words: list[Word] = field(default_factory=list)
+    completed: bool = False
+
+
+class RealtimeSession(Session):
+    protocol = "realtime"
+
+    def __init__(self, ws: ServerConnection, ctx: ServerContext, rate: int = OPENAI_RATE):
+        super().__init__(ws, ctx, rate)
+        self.transcription: dict[str, Any] = {"model": ctx.model_name, "prompt": "", "language": "en"}
+        self.turn_detection: dict[str, Any] | None = dict(DEFAULT_TURN_DETECTION)
+        self.vad: EnergyVad | None = self._make_vad()
+        self.items: list[Item] = []  # open items (not completed), oldest first
+        self.current: Item | None = None  # the item audio is being appended to
+        self.last_item_id: str | None = None  # the last committed item
+        self.cleared: list[tuple[int, int]] = []  # [start, end) ms whose text is dropped
+        self.vad_events: list[VadEvent] = []  # found while feeding, sent after the append
+        self.event_counter = 0
+
+    # ------------------------------------------------------------------ events out
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.event_counter += 1
+        return {"event_id": f"event_{self.id[5:17]}{self.event_counter:06d}", "type": kind, **fields}
+
+    async def emit(self, kind: str, **fields: Any) -> None:
+        await self.send(self._event(kind, **fields))
+
+    async def send_error(self, code: str, message: str, **extra: Any) -> None:
+        self.ctx.metrics.client_errors.inc(code=code)
+        error = {"type": "invalid_request_error" if code != "engine_error" else "server_error",
+                 "code": code, "message": message, "param": extra.get("param"),
+                 "event_id": extra.get("event_id")}
+        await self.emit("error", error=error)
+
+    def session_object(self) -> dict[str, Any]:
+        """The session, in the GA shape (`audio.input`) and the beta fields beside it."""
+        rate = self.resampler.rate
+        return {
+            "id": self.id, "object": "realtime.transcription_session", "type": "transcription",
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": rate},
+                                "transcription": dict(self.transcription),
+                                "turn_detection": self.turn_detection, "noise_reduction": None}},
+            "input_audio_format": "pcm16", "input_audio_sample_rate": rate,
+            "input_audio_transcription": dict(self.transcription),
+            "turn_detection": self.turn_detection, "include": [],
+        }
+
+    async def on_open(self) -> None:
+        await self.emit("session.created", session=self.session_object())
+
+    # ------------------------------------------------------------------ events in
+
+    async def on_binary(self, data: bytes) -> None:
+        await self.send_error("invalid_message", "binary messages are not part of this protocol; "
+                              "send input_audio_buffer.append with base64 pcm16 audio")
+
+    async def on_text(self, text: str) -> None:
+        event = self.parse_json(text)
+        if isinstance(event, str):
+            await self.send_error("invalid_json", event)
+            return
+        kind, event_id = event.get("type"), event.get("event_id")
+        handler = {
+            "session.update": self._update,
+            "transcription_session.update": self._update,
+            "input_audio_buffer.append": self._append,
+            "input_audio_buffer.commit": self._commit_event,
+            "input_audio_buffer.clear": self._clear,
+        }.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            await self.send_error("unknown_event", f"unknown or unsupported event type {kind!r}",
+                                  event_id=event_id, param="type")
+            return
+        await handler(event)
+
+    async def _update(self, event: dict[str, Any]) -> None:
+        session = event.get("session")
+        if not isinstance(session, dict):
+            await self.send_error("invalid_value", "session must be an object",
+                                  event_id=event.get("event_id"), param="session")
+            return
+        audio_in = session.get("audio", {}).get("input", {}) if isinstance(session.get("audio"), dict) else {}
+        try:
+            rate = self._rate(session, audio_in)
+            transcription = audio_in.get("transcription", session.get("input_audio_transcription"))
+            language = (transcription or {}).get("language") or "en"
+            if language != "en" and not self.ctx.multilingual:
+                raise ValueError(f"language {language!r} is not supported by {self.ctx.model_name}; "
+                                 "use en")
+        except (ValueError, AttributeError, TypeError) as e:
+            await self.send_error("invalid_value", str(e), event_id=event.get("event_id"),
+                                  param="session")
+            return
+        if rate != self.resampler.rate:
+            self._feed(self.resampler.flush())
+            self.resampler = StreamResampler(rate)
+        if isinstance(transcription, dict):
+            self.transcription.update({k: v for k, v in transcription.items()
+                                       if k in ("model", "prompt", "language")})
+        for source in (audio_in, session):
+            if "turn_detection" in source:
+                td = source["turn_detection"]
+                self.turn_detection = None if td is None else {**DEFAULT_TURN_DETECTION, **td}
+                self.vad = self._make_vad()
+                break
+        kind = event["type"].replace(".update", ".updated")
+        await self.emit(kind, session=self.session_object())
+
+    def _rate(self, session: dict[str, Any], audio_in: dict[str, Any]) -> int:
+        fmt = audio_in.get("format", session.get("input_audio_format"))
+        if fmt is None:
+            return self.resampler.rate
+        if isinstance(fmt, str):
+            if fmt != "pcm16":
+                raise ValueError(f"input_audio_format {fmt!r} is not supported; use pcm16")
+            return int(session.get("input_audio_sample_rate", OPENAI_RATE))
+        if fmt.get("type", "audio/pcm") != "audio/pcm":
+            raise ValueError(f"audio format {fmt.get('type')!r} is not supported; use audio/pcm")
+        rate = fmt.get("rate", OPENAI_RATE)
+        if not isinstance(rate, int) or isinstance(rate, bool):
+            raise ValueError(f"format.rate must be an integer, got {rate!r}")
+        return check_stream_rate(rate)
+
+    def _make_vad(self) -> EnergyVad | None:
+        td = self.turn_detection
+        if td is None:
+            return None
+        return EnergyVad(float(td.get("threshold", 0.5)), int(td.get("silence_duration_ms", 500)))
+
+    async def _append(self, event: dict[str, Any]) -> None:
+        audio = event.get("audio")
+        event_id = event.get("event_id")
+        if not isinstance(audio, str):
+            await self.send_error("invalid_value", "audio must be a base64 string",
+                                  event_id=event_id, param="audio")
+            return
+        try:
+            data = base64.b64decode(audio, validate=True)
+            samples = pcm_to_float(data, "pcm16")
+        except (binascii.Error, ValueError) as e:
+            code = "invalid_audio" if isinstance(e, AudioError) else "invalid_base64"
+            await self.send_error(code, f"audio could not be decoded: {e}", event_id=event_id,
+                                  param="audio")
+            return
+        if samples.numel() and self.current is None:
+            self.current = Item(new_id("item"), self.fed_ms)
+            self.items.append(self.current)
+        self.ingest(samples)
+        await self._flush_vad_events()
+
+    def on_fed(self, samples: np.ndarray) -> None:
+        if self.vad is not None:
+            self.vad_events += self.vad.push(samples)
+
+    async def _flush_vad_events(self) -> None:
+        events, self.vad_events = self.vad_events, []
+        for e in events:
+            if e.kind == "speech_started":
+                if self.current is None:
+                    self.current = Item(new_id("item"), e.ms)
+                    self.items.append(self.current)
+                await self.emit("input_audio_buffer.speech_started", audio_start_ms=e.ms,
+                                item_id=self.current.id)
+            elif self.current is not None:
+                await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=e.ms,
+                                item_id=self.current.id)
+                await self._commit(None)
+
+    async def _commit_event(self, event: dict[str, Any]) -> None:
+        item = self.current
+        if item is None or self.fed_ms - item.start_ms < MIN_COMMIT_MS:
+            await self.send_error("input_audio_buffer_commit_empty",
+                                  f"buffer too small to commit: at least {MIN_COMMIT_MS} ms of audio "
+                                  "must be appended since the last commit",
+                                  event_id=event.get("event_id"))
+            return
+        await self._commit(event.get("event_id"))
+
+    async def _commit(self, event_id: str | None) -> None:
+        item = self.current
+        assert item is not None
+        item.end_ms = self.fed_ms
+        self.current = None
+        await self.emit("input_audio_buffer.committed", previous_item_id=self.last_item_id,
+                        item_id=item.id)
+        self.last_item_id = item.id
+        self.ctx.loop.flush(self.id)
+
+    async def _clear(self, event: dict[str, Any]) -> None:
+        item = self.current
+        if item is not None:  # its audio is already in the engine: drop its text instead
+            self.cleared.append((item.start_ms, self.fed_ms))
+            self.items.remove(item)
+            self.current = None
+        await self.emit("input_audio_buffer.cleared")
+
+    # ------------------------------------------------------------------ engine outputs
+
+    def _item_for(self, word: Word) -> Item | None:
+        for start, end in self.cleared:
+            if start <= word.start_ms < end:
+                return None
+        for item in self.items:
+            if item.end_ms is None or word.start_ms < item.end_ms:
+                return item
+        # a word past every committed turn with no open turn: audio after the last commit
+        self.current = Item(new_id("item"), word.start_ms)
+        self.items.append(self.current)
+        return self.current
+
+    async def on_output(self, output: EngineOutput) -> None:
+        deltas: dict[str, list[Word]] = {}
+        for word in output.committed:
+            item = self._item_for(word)
+            if item is not None:
+                deltas.setdefault(item.id, []).append(word)
+                item.words.append(word)
+        for item in list(self.items):
+            new = deltas.get(item.id)
+            if new:
+                delta = "".join(w.text for w in new)
+                if len(item.words) == len(new):
+                    delta = delta.lstrip()
+                await self.emit("conversation.item.input_audio_transcription.delta",
+                                item_id=item.id, content_index=0, delta=delta)
+            if output.flushed and item.end_ms is not None and item.end_ms <= output.flushed_ms:
+                await self._complete(item)
+            elif output.finished and (item.words or item.end_ms is not None):
+                item.end_ms = self.fed_ms if item.end_ms is None else item.end_ms
+                await self._complete(item)  # the session ended: its last turn is complete
+
+    async def _complete(self, item: Item) -> None:
+        item.completed = True
+        self.items.remove(item)
+        transcript = text_of(item.words)
+        self.ctx.store.append(self.id, {"item_id": item.id, "text": transcript,
+                                        "start_ms": item.start_ms, "end_ms": item.end_ms,
+                                        "words": words_json(item.words)})
+        await self.emit("conversation.item.input_audio_transcription.completed", item_id=item.id,
+                        content_index=0, transcript=transcript)

@@ -1,0 +1,193 @@
+"""The websocket server: routes, limits, and the engine loop, on one port.
+
+HTTP (answered in `process_request`, before any websocket handshake): GET /healthz,
+GET /metrics (Prometheus text), and the allowlisted files of web/. Websocket: /v1/listen
+and /v1/realtime, behind the optional API key (`Authorization: Bearer <key>`, or
+`?api_key=<key>` for browsers, which cannot set headers). Beyond `max_sessions` a
+connection is accepted and closed with 1013 (try again later) and a reason; messages over
+`max_message_bytes` close the connection with 1009 (done by the websockets library).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import mimetypes
+from http import HTTPStatus
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import Server as WsServer
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from app.config import ServerConfig
+from app.engine_loop import EngineLoop
+from app.listen import ListenSession, parse_listen_query
+from app.metrics import Metrics
+from app.realtime import OPENAI_RATE, RealtimeSession
+from app.session import ServerContext, Session
+from app.store import TranscriptStore
+from audio.io import check_stream_rate
+from engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+STATIC_FILES = {  # URL path -> file in web/; nothing else is served from disk
+    "/": "index.html", "/index.html": "index.html", "/app.js": "app.js",
+    "/worklet.js": "worklet.js", "/style.css": "style.css", "/sample.wav": "sample.wav",
+}
+WS_PATHS = ("/v1/listen", "/v1/realtime")
+CLOSE_TRY_AGAIN_LATER = 1013
+
+
+def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
+                       ("Cache-Control", "no-store")])
+    return Response(status.value, status.phrase, headers, body)
+
+
+def _text(status: HTTPStatus, text: str) -> Response:
+    return _response(status, text.encode(), "text/plain; charset=utf-8")
+
+
+class Server:
+    def __init__(self, engine: Engine, config: ServerConfig | None = None):
+        self.config = config or ServerConfig()
+        self.engine = engine
+        self.metrics = Metrics()
+        self.loop = EngineLoop(engine, self.metrics)
+        self.store = TranscriptStore(self.config.data_dir, self.config.fsync)
+        self.ctx = ServerContext(self.config, self.loop, self.metrics, self.store,
+                                 engine.bundle.name, engine.bundle.tokenizer.multilingual)
+        self.sessions: dict[str, Session] = {}
+        self.ws_server: WsServer | None = None
+        self._add_gauges()
+
+    def _add_gauges(self) -> None:
+        m, engine = self.metrics, self.engine
+        m.gauge("voxtide_sessions_active", "Open websocket sessions", lambda: len(self.sessions))
+        m.gauge("voxtide_engine_requests", "Requests in the engine (open or draining)",
+                lambda: engine.num_requests)
+        m.gauge("voxtide_session_lag_seconds", "Audio received - audio committed, per session",
+                lambda: {(("session", s.id),): self._lag(s) for s in self.sessions.values()})
+        m.gauge("voxtide_session_lag_max_seconds", "The largest session lag",
+                lambda: max((self._lag(s) for s in self.sessions.values()), default=0.0))
+        cache, processor = engine.scheduler.encoder_cache, engine.processor_cache
+        m.gauge("voxtide_encoder_cache_queries", "Encoder cache lookups", lambda: cache.num_queries)
+        m.gauge("voxtide_encoder_cache_hits", "Encoder cache lookups that hit", lambda: cache.num_hits)
+        m.gauge("voxtide_encoder_cache_entries", "Item hashes in the encoder cache",
+                lambda: len(cache.cached))
+        m.gauge("voxtide_processor_cache_queries", "Processor cache lookups",
+                lambda: processor.num_queries)
+        m.gauge("voxtide_processor_cache_hits", "Processor cache lookups that hit",
+                lambda: processor.num_hits)
+
+    def _lag(self, session: Session) -> float:
+        return max(0, session.fed_ms - self.engine.committed_ms(session.id)) / 1000
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.loop.start()
+        self.ws_server = await serve(
+            self.handle, self.config.host, self.config.port,
+            process_request=self.process_request,
+            select_subprotocol=lambda _conn, offered: "realtime" if "realtime" in offered else None,
+            max_size=self.config.max_message_bytes,
+        )
+
+    @property
+    def port(self) -> int:
+        assert self.ws_server is not None, "start() first"
+        return self.ws_server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.ws_server is not None:
+            self.ws_server.close()
+            await self.ws_server.wait_closed()
+        await self.loop.stop()
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        log.info("voxtide listening on http://%s:%d", self.config.host, self.port)
+        try:
+            await asyncio.Future()
+        finally:
+            await self.stop()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        if url.path in WS_PATHS:
+            if not self._authorized(request, url.query):
+                return _text(HTTPStatus.UNAUTHORIZED, "missing or wrong API key: send "
+                             "'Authorization: Bearer <key>' or ?api_key=<key>\n")
+            try:
+                if url.path == "/v1/listen":
+                    parse_listen_query(url.query)
+                else:
+                    self._realtime_rate(url.query)
+            except ValueError as e:
+                return _text(HTTPStatus.BAD_REQUEST, f"{e}\n")
+            return None  # on to the websocket handshake
+        if url.path == "/healthz":
+            body = {"status": "ok", "model": self.ctx.model_name, "sessions": len(self.sessions),
+                    "device": str(self.engine.bundle.device)}
+            return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if url.path == "/metrics":
+            return _response(HTTPStatus.OK, self.metrics.render().encode(),
+                             "text/plain; version=0.0.4; charset=utf-8")
+        name = STATIC_FILES.get(url.path)
+        path = self.config.web_dir / name if name else None
+        if path is None or not path.is_file():
+            return _text(HTTPStatus.NOT_FOUND, f"not found: {url.path}\n")
+        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if content_type == "text/javascript":
+            content_type = "application/javascript"
+        return _response(HTTPStatus.OK, path.read_bytes(), content_type)
+
+    def _authorized(self, request: Request, query: str) -> bool:
+        key = self.config.api_key
+        if not key:
+            return True
+        header = request.headers.get("Authorization", "")
+        given = header[7:] if header.startswith("Bearer ") else None
+        given = given or parse_qs(query).get("api_key", [""])[-1]
+        return hmac.compare_digest(given.encode(), key.encode())
+
+    @staticmethod
+    def _realtime_rate(query: str) -> int:
+        value = parse_qs(query).get("sample_rate", [str(OPENAI_RATE)])[-1]
+        try:
+            return check_stream_rate(int(value))
+        except ValueError:
+            raise ValueError(f"sample_rate must be an integer in 8000-48000, got {value!r}") from None
+
+    # ------------------------------------------------------------------ websocket
+
+    async def handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        url = urlsplit(ws.request.path)
+        if len(self.sessions) >= self.config.max_sessions:
+            self.metrics.sessions_rejected.inc(reason="max_sessions")
+            await ws.close(CLOSE_TRY_AGAIN_LATER, f"server at capacity ({self.config.max_sessions} "
+                           "sessions); try again later")
+            return
+        if url.path == "/v1/listen":
+            params = parse_listen_query(url.query)
+            session: Session = ListenSession(ws, self.ctx, params["rate"], params["encoding"])
+        else:
+            session = RealtimeSession(ws, self.ctx, self._realtime_rate(url.query))
+        self.sessions[session.id] = session
+        try:
+            await session.run()
+        except Exception:
+            log.exception("session %s failed", session.id)
+            self.loop.abort(session.id)
+            await ws.close(1011, "internal error")
+        finally:
+            self.sessions.pop(session.id, None)

@@ -1,0 +1,103 @@
+"""Test clients for a real Voxtide server: start one on port 0, speak both protocols."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from app.config import ServerConfig
+from app.server import Server
+from audio.io import float_to_pcm16
+from engine.engine import Engine
+from tests.helpers import bundle
+
+
+@asynccontextmanager
+async def running_server(tmp_path: Path, **config: Any):
+    server = Server(Engine(bundle()), ServerConfig(port=0, data_dir=tmp_path / "data", **config))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def url(server: Server, path: str) -> str:
+    return f"ws://127.0.0.1:{server.port}{path}"
+
+
+def pcm16_at(samples: torch.Tensor, rate: int) -> bytes:
+    """16 kHz float samples -> PCM16 bytes at `rate`."""
+    if rate != 16000:
+        g = np.gcd(rate, 16000)
+        samples = torch.clamp(resample_to(samples, rate // g, 16000 // g), -1, 1)
+    return float_to_pcm16(samples)
+
+
+def resample_to(samples: torch.Tensor, new: int, orig: int) -> torch.Tensor:
+    import torchaudio.functional as AF
+
+    return AF.resample(samples, orig, new)
+
+
+async def receive_all(ws: ClientConnection, timeout: float = 120.0) -> list[dict]:
+    """JSON messages until the server closes the connection."""
+    messages = []
+    try:
+        while True:
+            messages.append(json.loads(await asyncio.wait_for(ws.recv(), timeout)))
+    except ConnectionClosed:
+        return messages
+
+
+async def listen(server: Server, samples: torch.Tensor, rate: int = 16000, encoding: str = "linear16",
+                 chunk_ms: int = 100, query: str = "") -> tuple[list[dict], ClientConnection]:
+    """Stream a recording over /v1/listen as fast as possible, CloseStream, read to the close."""
+    if encoding == "float32":
+        data = (samples if rate == 16000 else resample_to(samples, rate, 16000)).numpy().astype("<f4")
+        payload, width = data.tobytes(), 4
+    else:
+        payload, width = pcm16_at(samples, rate), 2
+    step = rate * chunk_ms // 1000 * width
+    async with connect(url(server, f"/v1/listen?sample_rate={rate}&encoding={encoding}{query}"),
+                       max_size=None) as ws:
+        reader = asyncio.create_task(receive_all(ws))
+        for i in range(0, len(payload), step):
+            await ws.send(payload[i : i + step])
+        await ws.send(json.dumps({"type": "CloseStream"}))
+        messages = await reader
+    return messages, ws
+
+
+def finals_text(messages: list[dict]) -> str:
+    return " ".join(m["text"] for m in messages if m["type"] == "Results" and m["is_final"] and m["text"])
+
+
+async def realtime_append(ws: ClientConnection, samples: torch.Tensor, rate: int = 24000,
+                          chunk_ms: int = 100) -> None:
+    pcm = pcm16_at(samples, rate)
+    step = rate * chunk_ms // 1000 * 2
+    for i in range(0, len(pcm), step):
+        audio = base64.b64encode(pcm[i : i + step]).decode()
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+
+
+async def next_event(ws: ClientConnection, kind: str, timeout: float = 60.0,
+                     seen: list[dict] | None = None) -> dict:
+    """Read events until one of type `kind` (the others go to `seen`)."""
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        if event["type"] == kind:
+            return event
+        if seen is not None:
+            seen.append(event)
+

@@ -1,0 +1,327 @@
+"""The websocket server on the real model: both protocols, limits, errors, metrics."""
+
+import asyncio
+import base64
+import json
+import math
+import re
+import urllib.request
+
+import pytest
+import torch
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from engine.wer import word_errors
+from tests.helpers import audio, librivox_path, transcripts
+from tests.server_client import (
+    finals_text,
+    listen,
+    next_event,
+    pcm16_at,
+    realtime_append,
+    receive_all,
+    running_server,
+    url,
+)
+from tests.test_transcribe import GOLDEN
+
+
+def clip(name: str) -> tuple[torch.Tensor, str]:
+    path = librivox_path(name)
+    return audio(path), transcripts()[path]
+
+
+def error_rate(reference: str, text: str) -> float:
+    errors, n = word_errors(reference, text)
+    return errors / n
+
+
+async def http_get(server, path: str) -> tuple[int, str, bytes]:
+    """GET from a worker thread (the server runs on this test's event loop)."""
+    return await asyncio.to_thread(_http_get, server, path)
+
+
+def _http_get(server, path: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read()
+
+
+async def test_listen_streams_a_recording_and_stores_its_finals(tmp_path):
+    samples, _ = clip("0890")
+    async with running_server(tmp_path) as server:
+        messages, ws = await listen(server, samples)
+    assert ws.close_code == 1000
+    assert messages[0]["type"] == "Connected"
+    assert messages[-1] == {"type": "Metadata", "session_id": messages[0]["session_id"],
+                            "duration_ms": 5300, "num_finals": messages[-1]["num_finals"]}
+    results = [m for m in messages if m["type"] == "Results"]
+    assert [m["seq"] for m in results] == list(range(1, len(results) + 1))
+    assert any(not m["is_final"] for m in results)  # partials came before the finals
+    assert finals_text(messages) == GOLDEN["0890"]  # what the model says offline, word for word
+    finals = [m for m in results if m["is_final"] and m["text"]]
+    starts = [w["start_ms"] for m in finals for w in m["words"]]
+    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] < 5300
+    # every final was written to the session's JSONL file, in order
+    stored = server.store.read(messages[0]["session_id"])
+    assert stored == finals
+
+
+async def test_listen_float32_at_44100_is_resampled(tmp_path):
+    samples, reference = clip("0930")
+    async with running_server(tmp_path) as server:
+        messages, _ = await listen(server, samples, rate=44100, encoding="float32", chunk_ms=40)
+    assert error_rate(reference, finals_text(messages)) <= 0.15, finals_text(messages)
+
+
+async def test_listen_finalize_commits_and_keeps_the_stream_open(tmp_path):
+    first, first_ref = clip("0930")
+    second, second_ref = clip("0890")
+    async with running_server(tmp_path) as server:
+        async with connect(url(server, "/v1/listen")) as ws:
+            await ws.send(pcm16_at(first, 16000))
+            await ws.send(json.dumps({"type": "Finalize"}))
+            seen = []
+            while True:
+                m = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                seen.append(m)
+                if m.get("from_finalize"):
+                    break
+            first_text = finals_text(seen)
+            assert error_rate(first_ref, first_text) <= 0.15, first_text
+            await ws.send(pcm16_at(second, 16000))
+            await ws.send(json.dumps({"type": "KeepAlive"}))
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            rest = await receive_all(ws)
+    assert error_rate(second_ref, finals_text(rest)) <= 0.15, finals_text(rest)
+    # after Finalize, timestamps are still in received-audio time (the padding is not counted)
+    words = [w for m in rest if m["type"] == "Results" and m["is_final"] for w in m["words"]]
+    first_ms = len(first) * 1000 // 16000
+    assert first_ms - 100 <= words[0]["start_ms"] <= first_ms + 1000
+    assert rest[-1]["duration_ms"] == (len(first) + len(second)) * 1000 // 16000
+
+
+async def test_two_concurrent_sessions_do_not_mix_text(tmp_path):
+    a, ref_a = clip("0920")
+    b, ref_b = clip("0870")
+    async with running_server(tmp_path) as server:
+        (ma, _), (mb, _) = await asyncio.gather(listen(server, a), listen(server, b))
+    text_a, text_b = finals_text(ma), finals_text(mb)
+    assert error_rate(ref_a, text_a) <= 0.15, text_a
+    assert error_rate(ref_b, text_b) <= 0.15, text_b
+    assert "married" in text_a.lower() and "married" not in text_b.lower()
+
+
+async def test_realtime_openai_client_with_manual_commits(tmp_path):
+    (first, ref_1), (second, ref_2) = clip("0930"), clip("0890")
+    async with running_server(tmp_path) as server:
+        async with connect(url(server, "/v1/realtime?intent=transcription"),
+                           additional_headers={"OpenAI-Beta": "realtime=v1"}) as ws:
+            created = json.loads(await ws.recv())
+            assert created["type"] == "session.created"
+            assert created["session"]["input_audio_format"] == "pcm16"
+            await ws.send(json.dumps({"type": "transcription_session.update", "session": {
+                "input_audio_format": "pcm16",
+                "input_audio_transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                "turn_detection": None}}))
+            updated = await next_event(ws, "transcription_session.updated")
+            assert updated["session"]["turn_detection"] is None
+            events: list[dict] = []
+            committed = []
+            for samples in (first, second):
+                await realtime_append(ws, samples)
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                committed.append(await next_event(ws, "input_audio_buffer.committed", seen=events))
+            completed = [await next_event(ws, "conversation.item.input_audio_transcription.completed",
+                                          seen=events)]
+            completed.append(await next_event(
+                ws, "conversation.item.input_audio_transcription.completed", seen=events))
+    assert committed[0]["previous_item_id"] is None
+    assert committed[1]["previous_item_id"] == committed[0]["item_id"]
+    assert [c["item_id"] for c in completed] == [c["item_id"] for c in committed]
+    for event, reference in zip(completed, (ref_1, ref_2), strict=True):
+        assert error_rate(reference, event["transcript"]) <= 0.15, event["transcript"]
+        deltas = [e["delta"] for e in events
+                  if e["type"].endswith(".delta") and e["item_id"] == event["item_id"]]
+        assert "".join(deltas).strip() == event["transcript"]
+    assert len({e["event_id"] for e in events}) == len(events)
+
+
+async def test_realtime_server_vad_commits_each_turn(tmp_path):
+    (first, ref_1), (second, ref_2) = clip("0930"), clip("0880")
+    gap = torch.zeros(16000)
+    stream = torch.cat([gap, first, gap, second, gap])
+    async with running_server(tmp_path) as server:
+        async with connect(url(server, "/v1/realtime")) as ws:
+            await next_event(ws, "session.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}))
+            updated = await next_event(ws, "session.updated")
+            assert updated["session"]["audio"]["input"]["format"]["rate"] == 16000
+            assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+            await realtime_append(ws, stream, rate=16000)
+            events: list[dict] = []
+            done = [await next_event(ws, "conversation.item.input_audio_transcription.completed",
+                                     seen=events) for _ in range(2)]
+    kinds = [e["type"] for e in events if e["type"].startswith("input_audio_buffer.")]
+    assert kinds == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                     "input_audio_buffer.committed"] * 2
+    assert error_rate(ref_1, done[0]["transcript"]) <= 0.15, done[0]["transcript"]
+    assert error_rate(ref_2, done[1]["transcript"]) <= 0.15, done[1]["transcript"]
+
+
+async def test_bad_input_gets_error_events_and_sessions_keep_working(tmp_path):
+    samples, reference = clip("0930")
+    async with running_server(tmp_path) as server:
+        bystander = asyncio.create_task(listen(server, clip("0890")[0]))
+        async with connect(url(server, "/v1/listen?encoding=float32")) as ws:
+            await ws.recv()  # Connected
+            bad = ["{not json", json.dumps([1, 2]), json.dumps({"type": "Dance"}), b"\x00" * 7,
+                   torch.tensor([0.1, math.nan]).numpy().tobytes(), b""]
+            for message in bad:
+                await ws.send(message)
+            codes = [json.loads(await ws.recv())["code"] for _ in range(5)]
+            assert codes == ["invalid_json", "invalid_json", "unknown_message", "invalid_audio",
+                             "invalid_audio"]
+            await ws.send(samples.numpy().astype("<f4").tobytes())
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            rest = await receive_all(ws)
+        assert error_rate(reference, finals_text(rest)) <= 0.15
+        assert ws.close_code == 1000
+        async with connect(url(server, "/v1/realtime")) as ws:
+            await next_event(ws, "session.created")
+            odd = base64.b64encode(b"\x01\x02\x03").decode()
+            bad = ["[", json.dumps({"type": "input_audio_buffer.append", "audio": "@@not base64@@"}),
+                   json.dumps({"type": "input_audio_buffer.append", "audio": odd}),
+                   json.dumps({"type": "input_audio_buffer.append", "audio": 5}),
+                   json.dumps({"type": "response.create", "event_id": "e1"}),
+                   json.dumps({"type": "input_audio_buffer.commit"}),
+                   json.dumps({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+                   json.dumps({"type": "session.update", "session": {"audio": {"input": {
+                       "format": {"type": "audio/pcm", "rate": 1000000}}}}}),
+                   json.dumps({"type": "session.update", "session": {"input_audio_transcription": {
+                       "language": "fr"}}}),
+                   b"\x00\x01"]
+            for message in bad:
+                await ws.send(message)
+            errors = [json.loads(await ws.recv()) for _ in bad]
+            assert [e["type"] for e in errors] == ["error"] * len(bad)
+            assert [e["error"]["code"] for e in errors] == [
+                "invalid_json", "invalid_base64", "invalid_audio", "invalid_value", "unknown_event",
+                "input_audio_buffer_commit_empty", "invalid_value", "invalid_value", "invalid_value",
+                "invalid_message"]
+            assert errors[4]["error"]["event_id"] == "e1"
+            await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
+            await next_event(ws, "session.updated")
+            await realtime_append(ws, samples)
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            done = await next_event(ws, "conversation.item.input_audio_transcription.completed")
+            assert error_rate(reference, done["transcript"]) <= 0.15
+        messages, _ = await bystander
+        assert error_rate(clip("0890")[1], finals_text(messages)) <= 0.15
+        assert not [m for m in messages if m["type"] == "Error"]
+
+
+async def test_limits_key_sessions_message_size_idle(tmp_path):
+    async with running_server(tmp_path, api_key="s3cret", max_sessions=1, max_message_bytes=4096,
+                              idle_timeout_s=1.0) as server:
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(url(server, "/v1/listen")):
+                pass
+        assert info.value.response.status_code == 401
+        with pytest.raises(InvalidStatus):
+            async with connect(url(server, "/v1/listen?api_key=wrong")):
+                pass
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(url(server, "/v1/listen?sample_rate=100&api_key=s3cret")):
+                pass
+        assert info.value.response.status_code == 400
+        assert b"out of range" in info.value.response.body
+        async with connect(url(server, "/v1/listen"),
+                           additional_headers={"Authorization": "Bearer s3cret"}) as first:
+            await first.recv()  # Connected
+            async with connect(url(server, "/v1/realtime?api_key=s3cret")) as second:
+                with pytest.raises(ConnectionClosed):
+                    await second.recv()
+                assert second.close_code == 1013
+                assert "capacity" in second.close_reason
+            await first.send(b"\x00" * 8192)  # over max_message_bytes
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await first.recv()
+            assert first.close_code == 1009
+        await asyncio.sleep(0.2)
+        async with connect(url(server, "/v1/listen?api_key=s3cret")) as idle:
+            messages = await receive_all(idle, timeout=10)
+        assert [m["type"] for m in messages] == ["Connected", "Error", "Metadata"]
+        assert messages[1]["code"] == "idle_timeout"
+        assert idle.close_code == 1008
+
+
+async def test_http_routes_health_metrics_static(tmp_path):
+    samples, _ = clip("0930")
+    async with running_server(tmp_path) as server:
+        await listen(server, samples)
+        status, kind, body = await http_get(server, "/healthz")
+        assert status == 200 and kind == "application/json"
+        assert json.loads(body)["model"] == "whisper-tiny.en"
+        status, kind, body = await http_get(server, "/metrics")
+        assert status == 200 and kind.startswith("text/plain")
+        values = {}
+        for line in body.decode().splitlines():
+            if line.startswith("#"):
+                assert re.match(r"# (HELP|TYPE) voxtide_\w+ ", line), line
+                continue
+            m = re.fullmatch(r'(voxtide_\w+)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (\S+)', line)
+            assert m, line
+            values[m.group(1) + (m.group(2) or "")] = float(m.group(4))
+        assert values['voxtide_sessions_total{protocol="listen"}'] == 1
+        assert abs(values["voxtide_audio_seconds_total"] - len(samples) / 16000) < 0.01
+        assert values["voxtide_engine_steps_total"] >= 1
+        assert values["voxtide_engine_step_seconds_count"] == values["voxtide_engine_steps_total"]
+        assert values["voxtide_time_to_first_partial_seconds_count"] == 1
+        assert values["voxtide_partial_to_final_seconds_count"] >= 1
+        assert values['voxtide_engine_step_seconds_bucket{le="+Inf"}'] >= 1
+        assert values["voxtide_encoder_cache_queries"] >= len(samples) // 1280
+        assert values["voxtide_processor_cache_queries"] >= 1
+        assert values["voxtide_sessions_active"] == 0
+        status, kind, body = await http_get(server, "/sample.wav")
+        assert status == 200 and body == (server.config.web_dir / "sample.wav").read_bytes()
+        for path in ("/../pyproject.toml", "/web/sample.wav", "/etc/passwd", "/nope"):
+            assert (await http_get(server, path))[0] == 404
+
+
+async def test_dropped_connection_still_stores_the_transcript(tmp_path):
+    samples, reference = clip("0920")
+    async with running_server(tmp_path) as server:
+        ws = await connect(url(server, "/v1/listen"))
+        session_id = json.loads(await ws.recv())["session_id"]
+        await ws.send(pcm16_at(samples, 16000))
+        await asyncio.sleep(0.3)
+        ws.transport.abort()  # no close frame
+        for _ in range(600):
+            if not server.sessions and not server.engine.num_requests:
+                break
+            await asyncio.sleep(0.1)
+        assert not server.sessions and server.engine.num_requests == 0
+        text = " ".join(r["text"] for r in server.store.read(session_id))
+    assert error_rate(reference, text) <= 0.15, text
+
+
+async def test_engine_failure_ends_only_that_session(tmp_path):
+    samples, _ = clip("0890")
+    async with running_server(tmp_path) as server:
+        async with connect(url(server, "/v1/listen")) as ws:
+            session_id = json.loads(await ws.recv())["session_id"]
+            server.engine.runner.fail_request_ids.add(session_id)
+            healthy = asyncio.create_task(listen(server, samples))
+            await ws.send(pcm16_at(samples, 16000))
+            messages = await receive_all(ws)
+        assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "engine_error"
+        assert ws.close_code == 1011
+        others, _ = await healthy
+        assert finals_text(others) == GOLDEN["0890"]
+        assert server.engine.num_requests == 0
