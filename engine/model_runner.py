@@ -1,9 +1,10 @@
 """The device worker: batched encoder across sessions, per-session gather, decoding.
 
 Per step: one batched conv-stem call for every new audio item of every session (deduped by
-content hash), one batched transformer call over all scheduled windows, then a greedy
-decode per window. Host arrays enter through torch.from_numpy; nothing is copied back from
-the device but the decoded token ids.
+content hash), one batched transformer call over all scheduled windows, then one batched
+greedy decode of all windows (prompts left-padded, finished rows leave the batch). Host
+arrays enter through torch.from_numpy; nothing is copied back from the device but the
+decoded token ids.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from engine.mm_window import get_mm_features_in_window
 from engine.model import ModelBundle
-from engine.model.decoding import DecodingOptions, decode
+from engine.model.decoding import DecodingOptions, DecodingResult, decode_batch
 from engine.model.transcribe import split_segments
 from engine.policy import Word
 from engine.processor_cache import ProcessorCache
@@ -125,27 +126,48 @@ class ModelRunner:
             return result
         x = torch.stack([self.gather(w, requests[w.request_id]) for w in windows])
         features = self.model.encoder.transformer(x)  # (B, 1500, n_state)
-        for b, window in enumerate(windows):
-            try:
-                if window.request_id in self.fail_request_ids:
-                    raise RuntimeError("injected failure")
-                result.results.append(self.decode_window(window, features[b : b + 1],
-                                                         prompts.get(window.request_id, [])))
-            except Exception as e:  # one session's failure must not stop the others
-                log.exception("decoding %s failed", window.request_id)
-                result.results.append(WindowResult(window.request_id, [], window.final,
-                                                   error=f"{type(e).__name__}: {e}"))
+        result.results += self.decode_windows(windows, features, prompts)
         return result
 
-    def decode_window(self, window: ScheduledWindow, features: torch.Tensor,
-                      prompt: list[int]) -> WindowResult:
-        bundle = self.bundle
-        tokenizer = bundle.tokenizer
+    def decode_windows(self, windows: list[ScheduledWindow], features: torch.Tensor,
+                       prompts: dict[str, list[int]]) -> list[WindowResult]:
+        """Decode all windows as one batch; if that fails, each alone, so a fault stays with
+        its own session."""
+        rows = [b for b, w in enumerate(windows) if w.request_id not in self.fail_request_ids]
+        results: dict[int, WindowResult] = {
+            b: WindowResult(w.request_id, [], w.final, error="RuntimeError: injected failure")
+            for b, w in enumerate(windows) if w.request_id in self.fail_request_ids}
+        options = [self._options(windows[b], prompts) for b in rows]
+        try:
+            decoded = decode_batch(self.model, self.bundle.tokenizer, features[rows], options,
+                                   self.bundle.suppress) if rows else []
+            for b, d in zip(rows, decoded, strict=True):
+                results[b] = self._window_result(windows[b], d)
+        except Exception:
+            log.exception("batched decoding failed; decoding the %d windows one by one", len(rows))
+            for b, opts in zip(rows, options, strict=True):
+                window = windows[b]
+                try:
+                    d = decode_batch(self.model, self.bundle.tokenizer, features[b : b + 1], [opts],
+                                     self.bundle.suppress)[0]
+                    results[b] = self._window_result(window, d)
+                except Exception as e:  # one session's failure must not stop the others
+                    log.exception("decoding %s failed", window.request_id)
+                    results[b] = WindowResult(window.request_id, [], window.final,
+                                              error=f"{type(e).__name__}: {e}")
+        return [results[b] for b in range(len(windows))]
+
+    @staticmethod
+    def _options(window: ScheduledWindow, prompts: dict[str, list[int]]) -> DecodingOptions:
         seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
-        options = DecodingOptions(prompt=prompt, audio_seconds=seconds)
-        decoded = decode(self.model, tokenizer, features, options, bundle.suppress)
+        return DecodingOptions(prompt=prompts.get(window.request_id, []), audio_seconds=seconds)
+
+    def _window_result(self, window: ScheduledWindow, decoded: DecodingResult) -> WindowResult:
+        """Decoded tokens -> timed words in session time."""
+        tokenizer = self.bundle.tokenizer
         if decoded.is_silence or not decoded.tokens:
             return WindowResult(window.request_id, [], window.final, silence=True)
+        seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
         offset = window.window_start / POSITIONS_PER_SECOND
         segments, _ = split_segments(decoded.tokens, tokenizer.timestamp_begin, offset, seconds,
                                      tokenizer)

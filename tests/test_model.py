@@ -9,6 +9,7 @@ import torch
 
 from audio.mel import N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model import CheckpointError, load_bundle
+from engine.model.decoding import DecodingOptions, decode, decode_batch
 from engine.model.loader import default_model_path, load_model, load_state, openai_to_hf
 from tests.helpers import audio, bundle, librivox_path
 
@@ -148,3 +149,22 @@ def test_fp16_projection_keeps_greedy_tokens():
     finally:
         model.set_projection_dtype(torch.float16)
     assert fast == exact and len(fast) > 10
+
+
+def test_batched_decoding_equals_decoding_each_window_alone():
+    b = bundle()
+    with torch.inference_mode():
+        features = b.model.encoder(torch.cat([window_mel(c) for c in ("0870", "0890", "0930")]))
+        prompt = decode(b.model, b.tokenizer, b.model.encoder(window_mel("0920")),
+                        DecodingOptions(timestamps=False), b.suppress).tokens
+    options = [DecodingOptions(prompt=prompt, audio_seconds=7.1),
+               DecodingOptions(audio_seconds=5.3),  # no prompt: 1 + len(prompt) shorter
+               DecodingOptions(prompt=prompt[:5], audio_seconds=3.3)]
+    batched = decode_batch(b.model, b.tokenizer, features, options, b.suppress)
+    for row, (opts, result) in enumerate(zip(options, batched, strict=True)):
+        alone = decode(b.model, b.tokenizer, features[row : row + 1], opts, b.suppress)
+        assert result.tokens == alone.tokens
+        assert result.stop == alone.stop == "eot"
+        assert abs(result.avg_logprob - alone.avg_logprob) < 1e-3
+        assert abs(result.no_speech_prob - alone.no_speech_prob) < 1e-4
+    assert b.tokenizer.decode(prompt).strip().startswith("Had he")  # a real, long prompt

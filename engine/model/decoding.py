@@ -135,56 +135,113 @@ class LogitRules:
         return logits
 
 
-@torch.inference_mode()
-def decode(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
-           options: DecodingOptions, suppress: list[int]) -> DecodingResult:
-    """audio_features: (1, n_audio_ctx, n_state) encoder output -> one decoded sequence."""
+def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions) -> list[int]:
     prompt = options.prompt[-MAX_PROMPT_TOKENS:]
     initial = ([tokenizer.sot_prev, *prompt] if prompt else []) + tokenizer.sot_sequence()
     if not options.timestamps:
         initial.append(tokenizer.no_timestamps)
-    budget = token_budget(options.audio_seconds, model.dims.n_text_ctx, len(initial))
-    rules = LogitRules(tokenizer, suppress, options, model.dims.n_vocab, audio_features.device)
-    generator = torch.Generator(device=audio_features.device).manual_seed(options.seed)
+    return initial
+
+
+@torch.inference_mode()
+def decode(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
+           options: DecodingOptions, suppress: list[int]) -> DecodingResult:
+    """audio_features: (1, n_audio_ctx, n_state) encoder output -> one decoded sequence."""
+    return decode_batch(model, tokenizer, audio_features, [options], suppress)[0]
+
+
+class _Row:
+    """One sequence of a decoding batch: its rules, budget, tokens and score so far."""
+
+    def __init__(self, model: Whisper, tokenizer: Tokenizer, options: DecodingOptions,
+                 suppress: list[int], num_initial: int, device: torch.device):
+        self.options = options
+        self.rules = LogitRules(tokenizer, suppress, options, model.dims.n_vocab, device)
+        self.budget = token_budget(options.audio_seconds, model.dims.n_text_ctx, num_initial)
+        self.generator = torch.Generator(device=device).manual_seed(options.seed)
+        self.seq: list[int] = []
+        self.sum_logprob = 0.0
+        self.stop = ""  # set when the row is done
+        self.no_speech_prob = 0.0
+
+    def next_token(self, logits: Tensor, eot: int) -> int:
+        """Choose the token after `seq` from (n_vocab,) logits; sets `stop` when done."""
+        if len(self.seq) >= self.budget:
+            self.stop = "budget"
+            return eot
+        masked = self.rules.apply(logits, self.seq)
+        temperature = self.options.temperature
+        if temperature > 0:
+            probs = (masked.float() / temperature).softmax(-1)
+            token = int(torch.multinomial(probs, 1, generator=self.generator))
+        else:
+            token = int(masked.argmax())
+        if token == eot:
+            self.stop = "eot"
+            return eot
+        self.sum_logprob += float(torch.log_softmax(masked.float(), dim=-1)[token])
+        self.seq.append(token)
+        drop = repeated_tail(self.seq)
+        if drop:
+            del self.seq[-drop:]
+            self.stop = "repetition"
+        elif len(self.seq) >= self.budget:
+            self.stop = "budget"
+        return token
+
+    def result(self, tokenizer: Tokenizer) -> DecodingResult:
+        text = tokenizer.decode(self.seq)
+        return DecodingResult(
+            tokens=self.seq,
+            text=text,
+            avg_logprob=self.sum_logprob / (len(self.seq) + 1),
+            no_speech_prob=self.no_speech_prob,
+            compression_ratio=compression_ratio(text),
+            stop=self.stop or "budget",
+            temperature=self.options.temperature,
+        )
+
+
+@torch.inference_mode()
+def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
+                 options: list[DecodingOptions], suppress: list[int]) -> list[DecodingResult]:
+    """audio_features: (B, n_audio_ctx, n_state) -> B sequences decoded together.
+
+    Prompts of different lengths are left-padded; each row keeps its own positions and never
+    attends to the padding, so a row decodes as it would alone. Finished rows leave the
+    batch (their cache rows are dropped).
+    """
+    device = audio_features.device
+    initials = [initial_tokens(tokenizer, o) for o in options]
+    width = max(len(i) for i in initials)
+    tokens = torch.full((len(initials), width), tokenizer.eot, dtype=torch.long)
+    valid = torch.zeros(len(initials), width, dtype=torch.bool)
+    for b, initial in enumerate(initials):
+        tokens[b, width - len(initial) :] = torch.tensor(initial)
+        valid[b, width - len(initial) :] = True
+    rows = [_Row(model, tokenizer, o, suppress, len(i), device)
+            for o, i in zip(options, initials, strict=True)]
 
     cache = model.decoder.new_cache()
-    device = audio_features.device
-    logits = model.decoder(torch.tensor([initial], device=device), audio_features, cache)
-    sot_index = len(initial) - (1 if options.timestamps else 2)
-    no_speech_prob = 0.0
+    ragged = any(len(i) != width for i in initials)
+    logits = model.decoder(tokens.to(device), audio_features, cache,
+                           valid=valid.to(device) if ragged else None)  # (B, width, vocab)
     if tokenizer.no_speech >= 0:
-        no_speech_prob = float(logits[0, sot_index].softmax(-1)[tokenizer.no_speech])
+        for b, row in enumerate(rows):
+            sot_index = width - (1 if row.options.timestamps else 2)
+            row.no_speech_prob = float(logits[b, sot_index].softmax(-1)[tokenizer.no_speech])
 
-    seq: list[int] = []
-    sum_logprob = 0.0
-    stop = "budget"
-    for _ in range(budget):
-        next_logits = rules.apply(logits[0, -1], seq)
-        logprobs = torch.log_softmax(next_logits.float(), dim=-1)
-        if options.temperature > 0:
-            probs = (next_logits.float() / options.temperature).softmax(-1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        else:
-            token = int(next_logits.argmax())
-        if token == tokenizer.eot:
-            stop = "eot"
+    active = list(range(len(rows)))  # batch row -> index in `rows`
+    last = logits[:, -1]  # (B, vocab)
+    while active:
+        chosen = [rows[r].next_token(last[j], tokenizer.eot) for j, r in enumerate(active)]
+        keep = [j for j, r in enumerate(active) if not rows[r].stop]
+        if not keep:
             break
-        sum_logprob += float(logprobs[token])
-        seq.append(token)
-        drop = repeated_tail(seq)
-        if drop:
-            del seq[-drop:]
-            stop = "repetition"
-            break
-        logits = model.decoder(torch.tensor([[token]], device=device), None, cache)
-
-    text = tokenizer.decode(seq)
-    return DecodingResult(
-        tokens=seq,
-        text=text,
-        avg_logprob=sum_logprob / (len(seq) + 1),
-        no_speech_prob=no_speech_prob,
-        compression_ratio=compression_ratio(text),
-        stop=stop,
-        temperature=options.temperature,
-    )
+        if len(keep) < len(active):
+            cache.select(torch.tensor(keep, device=device))
+            active = [active[j] for j in keep]
+            chosen = [chosen[j] for j in keep]
+        step = torch.tensor(chosen, device=device)[:, None]  # (B', 1)
+        last = model.decoder(step, None, cache)[:, -1]
+    return [row.result(tokenizer) for row in rows]

@@ -73,6 +73,10 @@ class DecoderCache:
 
     layers: list[LayerCache] = field(default_factory=list)
     num_tokens: int = 0  # tokens already in the self-attention cache (= next position)
+    # Left-padded batches of prompts of different lengths: which cached keys are real tokens,
+    # (B, num_tokens) bool, and each row's number of real tokens (its next position), (B,).
+    key_mask: Tensor | None = None
+    row_lengths: Tensor | None = None
 
     def select(self, rows: Tensor) -> None:
         """Keep only the given batch rows (for finished sequences or beam reordering)."""
@@ -81,6 +85,10 @@ class DecoderCache:
                 value = getattr(layer, name)
                 if value is not None:
                     setattr(layer, name, value[rows])
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask[rows]
+        if self.row_lengths is not None:
+            self.row_lengths = self.row_lengths[rows]
 
 
 class MultiHeadAttention(nn.Module):
@@ -92,16 +100,19 @@ class MultiHeadAttention(nn.Module):
         self.value = Linear(n_state, n_state)
         self.out = Linear(n_state, n_state)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
-        """q: (B, Tq, D), k/v: (B, Tk, D) -> (B, Tq, D). Projections are done by the caller."""
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                mask: Tensor | None = None) -> Tensor:
+        """q: (B, Tq, D), k/v: (B, Tk, D) -> (B, Tq, D). Projections are done by the caller.
+
+        `mask` (B, 1, Tq, Tk) bool, True where a query may attend, replaces the causal mask.
+        """
         b, tq, d = q.shape
         h = self.n_head
         q = q.view(b, tq, h, d // h).transpose(1, 2)  # (B, H, Tq, D/H)
         k = k.view(b, k.shape[1], h, d // h).transpose(1, 2)
         v = v.view(b, v.shape[1], h, d // h).transpose(1, 2)
         # causal with a cache: query i sits at position (Tk - Tq + i) and may see keys <= it
-        mask = None
-        if causal and tq > 1:
+        if mask is None and causal and tq > 1:
             tk = k.shape[2]
             mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -119,7 +130,8 @@ class ResidualAttentionBlock(nn.Module):
         self.mlp = nn.Sequential(Linear(n_state, n_mlp), nn.GELU(), Linear(n_mlp, n_state))
         self.mlp_ln = LayerNorm(n_state)
 
-    def forward(self, x: Tensor, xa: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, xa: Tensor | None = None, cache: LayerCache | None = None,
+                mask: Tensor | None = None) -> Tensor:
         attn = self.attn
         h = self.attn_ln(x)
         k, v = attn.key(h), attn.value(h)
@@ -128,7 +140,7 @@ class ResidualAttentionBlock(nn.Module):
                 k = torch.cat([cache.self_k, k], dim=1)
                 v = torch.cat([cache.self_v, v], dim=1)
             cache.self_k, cache.self_v = k, v
-        x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None)
+        x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None, mask=mask)
 
         if self.cross_attn is not None:
             assert xa is not None or (cache is not None and cache.cross_k is not None)
@@ -186,18 +198,50 @@ class TextDecoder(nn.Module):
     def new_cache(self) -> DecoderCache:
         return DecoderCache(layers=[LayerCache() for _ in self.blocks])
 
-    def forward(self, tokens: Tensor, xa: Tensor | None, cache: DecoderCache | None = None) -> Tensor:
+    @staticmethod
+    def _row_positions(tokens: Tensor, cache: DecoderCache | None,
+                       valid: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Per-row positions (B, T) and the attention mask (B, 1, T, keys) of a padded batch."""
+        b, n = tokens.shape
+        if valid is None:
+            valid = torch.ones(b, n, dtype=torch.bool, device=tokens.device)
+        before = 0
+        if cache is not None and cache.row_lengths is not None:
+            before = cache.row_lengths[:, None]  # (B, 1)
+        positions = (before + valid.cumsum(-1) - 1).clamp(min=0)  # (B, T); padding -> 0
+        keys = valid
+        if cache is not None:
+            if cache.key_mask is not None:
+                keys = torch.cat([cache.key_mask, valid], dim=1)
+            cache.key_mask = keys
+            cache.row_lengths = positions[:, -1] + valid[:, -1].long()
+        num_keys = keys.shape[1]
+        causal = torch.ones(n, num_keys, dtype=torch.bool, device=tokens.device).tril(num_keys - n)
+        mask = causal & keys[:, None, :]  # (B, T, keys)
+        # a padding query sees only itself, so no row of the softmax is empty (NaN)
+        mask[:, torch.arange(n), torch.arange(num_keys - n, num_keys)] = True
+        return positions, mask[:, None]
+
+    def forward(self, tokens: Tensor, xa: Tensor | None, cache: DecoderCache | None = None,
+                valid: Tensor | None = None) -> Tensor:
         """tokens: (B, T) new tokens; xa: (B, n_audio_ctx, n_audio_state) -> logits (B, T, vocab).
 
         With a cache, `xa` is only read on the first call (cross keys/values are kept).
+        `valid` (B, T) bool marks real tokens in a left-padded first call: each row's tokens
+        then take positions 0, 1, ... of their own and nothing attends to the padding.
         """
         offset = cache.num_tokens if cache is not None else 0
         n = tokens.shape[-1]
-        x = self.token_embedding(tokens) + self.positional_embedding[offset : offset + n]
+        mask = None
+        if valid is not None or (cache is not None and cache.row_lengths is not None):
+            positions, mask = self._row_positions(tokens, cache, valid)
+            x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        else:
+            x = self.token_embedding(tokens) + self.positional_embedding[offset : offset + n]
         if xa is not None:
             x = x.to(xa.dtype)
         for i, block in enumerate(self.blocks):
-            x = block(x, xa, cache.layers[i] if cache is not None else None)
+            x = block(x, xa, cache.layers[i] if cache is not None else None, mask)
         if cache is not None:
             cache.num_tokens += n
         x = self.ln(x)
