@@ -1,9 +1,9 @@
 """The one task that drives the engine: applies session commands, steps, routes outputs.
 
-Handlers never touch the engine: they queue commands here. Commands are applied on the
-event loop between steps, and each step runs in a worker thread, so the event loop keeps
-serving sockets while the model computes and the engine is never used by two threads at
-once. Outputs go to the sink each session registered.
+Handlers never touch the engine: they queue commands here. Commands, scheduling and output
+updates run on the event loop; only `Engine.execute` (the model) runs in a worker thread,
+on a snapshot of the scheduled requests, so the event loop keeps serving sockets while the
+model computes. Outputs go to the sink each session registered.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import numpy as np
 
 from app.metrics import Metrics
 from engine.engine import Engine, EngineOutput
+from engine.model_runner import RunnerOutput
 
 log = logging.getLogger(__name__)
 
 Sink = Callable[[EngineOutput], None]
+IDLE_POLL_S = 0.05  # a ready request the scheduler could not place is retried this often
 
 
 class EngineLoop:
@@ -31,7 +33,6 @@ class EngineLoop:
         self.commands: list[tuple[str, str, np.ndarray | None]] = []  # (op, request id, audio)
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
-        self.stepping = False
 
     # -------------------------------------------------------- called by session handlers
 
@@ -72,25 +73,40 @@ class EngineLoop:
                 pass
 
     async def run(self) -> None:
+        """Schedule step N+1 while step N executes in a worker thread (async scheduling).
+
+        Sessions in flight in step N hold a placeholder and are not scheduled again until
+        N's output is applied; everything else that is ready goes into N+1.
+        """
+        engine = self.engine
+        inflight: asyncio.Future | None = None
+        started = 0.0
         while True:
             self._apply_commands()
-            if not self.engine.has_work():
-                self.wakeup.clear()
-                await self.wakeup.wait()
+            step = engine.schedule()
+            if inflight is not None:
+                output = await inflight
+                self._record(started, output)
+                for result in engine.update_from_output(output):
+                    self._route(result)
+                inflight = None
+            if step is not None:
+                started = time.perf_counter()
+                inflight = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
                 continue
-            start = time.perf_counter()
-            self.stepping = True
-            try:
-                outputs = await asyncio.to_thread(self.engine.step)
-            finally:
-                self.stepping = False
-            self.metrics.step_time.observe(time.perf_counter() - start)
-            self.metrics.steps.inc()
-            stats = self.engine.last_stats
-            if stats.num_encoded_items:
-                self.metrics.encoder_batch.observe(stats.num_encoded_items)
-            for output in outputs:
-                self._route(output)
+            self.wakeup.clear()
+            if not self.commands:  # idle until a command; poll while the encoder budget blocks
+                timeout = IDLE_POLL_S if engine.has_work() else None
+                try:
+                    await asyncio.wait_for(self.wakeup.wait(), timeout)
+                except TimeoutError:
+                    pass
+
+    def _record(self, started: float, output: RunnerOutput) -> None:
+        self.metrics.step_time.observe(time.perf_counter() - started)
+        self.metrics.steps.inc()
+        if output.num_encoded_items:
+            self.metrics.encoder_batch.observe(output.num_encoded_items)
 
     def _apply_commands(self) -> None:
         commands, self.commands = self.commands, []

@@ -29,7 +29,7 @@ from engine.request import (
     RequestStatus,
     fill_placeholders,
 )
-from engine.scheduler import MAX_WINDOW_POSITIONS, Scheduler, SchedulerConfig
+from engine.scheduler import MAX_WINDOW_POSITIONS, Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,13 @@ class EngineOutput:
     @property
     def flushed(self) -> bool:
         return self.flushed_ms is not None
+
+
+@dataclass
+class StepInput:
+    scheduled: SchedulerOutput
+    requests: dict[str, Request]  # the scheduled requests (they stay valid if aborted)
+    prompts: dict[str, list[int]]  # request id -> committed tokens before its window
 
 
 @dataclass
@@ -191,21 +198,39 @@ class Engine:
     # ------------------------------------------------------------------ step
 
     def step(self) -> list[EngineOutput]:
+        """Schedule, execute and update in one go (what a synchronous caller wants)."""
+        step = self.schedule()
+        return self.update_from_output(self.execute(step)) if step is not None else []
+
+    def schedule(self) -> StepInput | None:
+        """Pick this step's windows; None when there is nothing to do.
+
+        Each scheduled request gets a -1 placeholder that update_from_output fills; until then
+        the scheduler skips it, so the next step can be scheduled while this one executes.
+        """
         scheduled = self.scheduler.schedule()
+        if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
+            return None
         requests = self.scheduler.requests
+        snapshot = {rid: requests[rid] for rid in scheduled.encoder_inputs}
         prompts = {}
         for window in scheduled.windows:
-            request = requests[window.request_id]
+            request = snapshot[window.request_id] = requests[window.request_id]
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
             prompts[window.request_id] = self.policies[window.request_id].prompt_tokens()
+        return StepInput(scheduled, snapshot, prompts)
+
+    def execute(self, step: StepInput) -> RunnerOutput:
+        """Run the model for a scheduled step. Safe in a worker thread while the caller adds
+        audio, flushes, aborts or schedules on its own thread: it reads only the step's
+        snapshot, and the scheduler never hands out a request that is in flight."""
         try:
-            runner_output = self.runner.execute(scheduled, requests, prompts)
+            return self.runner.execute(step.scheduled, step.requests, step.prompts)
         except Exception as e:  # a fault outside one window's decode: fail this step's sessions
             log.exception("model runner step failed")
             error = f"{type(e).__name__}: {e}"
-            runner_output = RunnerOutput([WindowResult(w.request_id, [], w.final, error=error)
-                                          for w in scheduled.windows])
-        return self.update_from_output(runner_output)
+            return RunnerOutput([WindowResult(w.request_id, [], w.final, error=error)
+                                 for w in step.scheduled.windows])
 
     def update_from_output(self, output: RunnerOutput) -> list[EngineOutput]:
         self.last_stats = StepStats(output.num_windows, output.num_encoder_calls,
@@ -272,4 +297,5 @@ class Engine:
         return max(request.window_start, min(position, request.num_positions) // size * size)
 
     def has_work(self) -> bool:
+        """Whether a request is ready to be scheduled (not counting those in flight)."""
         return any(self.scheduler.is_ready(r) for r in self.scheduler.requests.values())

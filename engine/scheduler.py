@@ -70,6 +70,8 @@ class Scheduler:
         self.finished_ids.append(request_id)
 
     def is_ready(self, request: Request) -> bool:
+        if request.output_token_ids and request.output_token_ids[-1] == -1:
+            return False  # in flight: its last window's output is still a placeholder
         if request.input_finished or request.flush_position:
             return True  # a final decode is due even when no audio came since the last one
         return request.num_positions - request.num_decoded_positions >= self.config.decode_interval

@@ -1,5 +1,7 @@
 """The engine on the real model: item features, batching, streaming text, faults."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
@@ -163,3 +165,30 @@ def test_processor_cache_is_bytes_bounded_lru():
     cache.put("5", np.zeros(100, dtype=np.float32))
     assert list(cache.entries) == ["4", "2", "5"]
     assert (cache.num_queries, cache.num_hits) == (2, 1)
+
+
+def test_async_scheduling_overlaps_the_next_schedule_with_execution():
+    """Step N executes in a thread while the caller adds audio, aborts and schedules N+1."""
+    engine = Engine(bundle())
+    first, second = audio(librivox_path("0930")).numpy(), audio(librivox_path("0890")).numpy()
+    for rid in ("a", "gone"):
+        engine.add_request(rid)
+        engine.add_audio(rid, first)
+    step_n = engine.schedule()
+    assert sorted(w.request_id for w in step_n.scheduled.windows) == ["a", "gone"]
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(engine.execute, step_n)
+        engine.add_request("b")
+        engine.add_audio("b", second)
+        engine.add_audio("a", second[:16000])  # "a" is in flight: not scheduled again yet
+        engine.abort("gone")
+        step_n1 = engine.schedule()
+        output_n = running.result()
+    assert [w.request_id for w in step_n1.scheduled.windows] == ["b"]
+    results = {o.request_id: o for o in engine.update_from_output(output_n)}
+    assert set(results) == {"a"}  # the aborted session's result is dropped
+    assert not engine.scheduler.encoder_cache.get_cached_input_ids("gone")
+    outputs = engine.update_from_output(engine.execute(step_n1))
+    assert [o.request_id for o in outputs] == ["b"]
+    assert "unless" in normalize("".join(w.text for w in outputs[0].tentative + outputs[0].committed))
+    assert engine.has_work()  # "a" has new audio now that its output is in

@@ -233,3 +233,18 @@ def test_random_steps_keep_cache_invariants():
     assert cache.request_cached_ids == {}
     assert cache.num_referenced == 0
     assert len(cache.freeable) == len(cache.cached)
+
+
+def test_requests_in_flight_are_not_scheduled_again_until_updated():
+    scheduler = Scheduler(SchedulerConfig(decode_interval=4))
+    for rid in ("a", "b"):
+        scheduler.add_request(make_request(rid, 3))
+    first = scheduler.schedule()
+    assert [w.request_id for w in first.windows] == ["a", "b"]
+    for rid in ("a", "b"):
+        scheduler.requests[rid].output_token_ids.append(-1)  # what Engine.schedule does
+    add_items(scheduler.requests["a"], 2)  # more audio arrives while the step runs
+    assert scheduler.schedule().windows == []  # both still in flight
+    fill_placeholders(scheduler.requests["a"].output_token_ids, [7])
+    second = scheduler.schedule()
+    assert [(w.request_id, w.window_end) for w in second.windows] == [("a", 20)]
