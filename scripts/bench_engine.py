@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from audio.mel import N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from engine.model.decoding import DecodingOptions, decode, decode_batch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.engine import Engine  # noqa: E402
@@ -91,6 +94,29 @@ def main() -> None:
         if n == 1:
             one = elapsed
     print(f"step time 8 sessions / 1 session: {elapsed / one:.2f} (8.0 = no batching gain)")
+    decode_batching(bundle, x)
+
+
+def decode_batching(bundle, x: np.ndarray) -> None:
+    """Where a step's time goes with 8 sessions: the padded 30 s transformer vs decoding, and
+    decoding the 8 windows as one batch vs one by one (same tokens)."""
+    model, tok = bundle.model, bundle.tokenizer
+    mels = torch.stack([log_mel_spectrogram(torch.from_numpy(x[s * 8000 : s * 8000 + 32000]),
+                                            padding=N_SAMPLES)[:, :N_FRAMES] for s in range(8)])
+    with torch.inference_mode():
+        start = time.perf_counter()
+        features = model.encoder(mels)  # (8, 1500, n_state)
+        encode = time.perf_counter() - start
+    options = [DecodingOptions(audio_seconds=2.0) for _ in range(8)]
+    start = time.perf_counter()
+    batched = decode_batch(model, tok, features, options, bundle.suppress)
+    together = time.perf_counter() - start
+    start = time.perf_counter()
+    alone = [decode(model, tok, features[i : i + 1], options[i], bundle.suppress) for i in range(8)]
+    one_by_one = time.perf_counter() - start
+    same = all(a.tokens == b.tokens for a, b in zip(alone, batched, strict=True))
+    print(f"8 windows: encoder (padded 30 s) {encode:.2f} s; decode batched {together:.2f} s vs "
+          f"one by one {one_by_one:.2f} s, ratio {together / one_by_one:.2f} (same tokens: {same})")
 
 
 if __name__ == "__main__":
