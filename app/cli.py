@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from app.config import ServerConfig
     from app.server import Server
-    from engine.engine import Engine
+    from engine.engine import Engine, EngineConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per request
@@ -65,12 +65,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           api_key=args.api_key or os.environ.get("VOXTIDE_API_KEY") or None,
                           max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes,
                           idle_timeout_s=args.idle_timeout, data_dir=args.data_dir, fsync=args.fsync)
-    server = Server(Engine(_load(args)), config)
+    server = Server(Engine(_load(args), EngineConfig(pad_seconds=args.pad_seconds)), config)
     try:
         asyncio.run(server.serve_forever())
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from app.replay import replay, summary
+
+    reports = asyncio.run(replay(args.url.rstrip("/") + "/v1/listen", [Path(f) for f in args.files],
+                                 args.sessions, args.chunk_ms, args.fast, args.loop_seconds,
+                                 args.api_key, args.stagger))
+    print(summary(reports))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for r in reports:
+            (out / f"{r.name}.txt").write_text(r.text + "\n", encoding="utf-8")
+    return 1 if any(r.errors for r in reports) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,8 +104,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-timeout", type=float, default=60.0, help="seconds without a message")
     p.add_argument("--data-dir", default="voxtide-data", help="per-session JSONL transcripts")
     p.add_argument("--fsync", action="store_true", help="fsync each transcript line")
+    p.add_argument("--pad-seconds", type=int, default=None,
+                   help="pad encoder windows to a multiple of this (faster, slightly higher WER; "
+                        "default: 30 s windows)")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("replay", help="stream files to a server as concurrent sessions; measure")
+    p.add_argument("files", nargs="+", help="audio files (sessions take them in turn)")
+    p.add_argument("--url", default="ws://127.0.0.1:8000")
+    p.add_argument("--sessions", type=int, default=1)
+    p.add_argument("--fast", action="store_true", help="send as fast as possible, not real time")
+    p.add_argument("--loop-seconds", type=float, default=None, help="loop each file to this length")
+    p.add_argument("--chunk-ms", type=int, default=100)
+    p.add_argument("--stagger", type=float, default=0.0, help="seconds between session starts")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--out", default=None, help="folder for per-session transcripts")
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("transcribe", help="transcribe audio files offline")
     p.add_argument("files", nargs="+", help="wav/flac/ogg files, any rate and channel count")

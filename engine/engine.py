@@ -50,6 +50,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     item_samples: int = ITEM_SAMPLES  # 80 ms audio items
     processor_cache_bytes: int = 64 << 20
+    pad_seconds: int | None = None  # None: windows padded to 30 s; else to a multiple of this
 
 
 @dataclass
@@ -86,7 +87,10 @@ class Engine:
         self.bundle = bundle
         self.scheduler = Scheduler(self.config.scheduler)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
-        self.runner = ModelRunner(bundle, self.processor_cache)
+        if self.config.pad_seconds is not None and not 1 <= self.config.pad_seconds <= 30:
+            raise ValueError(f"pad_seconds must be 1-30 (or None for 30 s windows), "
+                             f"got {self.config.pad_seconds}")
+        self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds)
         self.item_positions = self.config.item_samples // SAMPLES_PER_POSITION  # 4 for 80 ms
         self.framers: dict[str, AudioFramer] = {}
         self.policies: dict[str, LocalAgreement] = {}

@@ -47,8 +47,10 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, bundle: ModelBundle, processor_cache: ProcessorCache | None = None):
+    def __init__(self, bundle: ModelBundle, processor_cache: ProcessorCache | None = None,
+                 pad_seconds: int | None = None):
         self.bundle = bundle
+        self.pad_seconds = pad_seconds  # None: every window padded to 30 s (Whisper's input)
         self.model = bundle.model
         self.device = bundle.device
         self.dtype = self.model.dtype
@@ -59,6 +61,14 @@ class ModelRunner:
             n_mels = self.model.dims.n_mels
             silence = torch.full((1, n_mels, 11), (STREAM_LOG_FLOOR + 4.0) / 4.0)
             self.pad = self._stem(silence)[0, 0]  # (n_state,) stem output of padding
+
+    def padded_length(self, num_positions: int) -> int:
+        """Encoder length for a batch whose longest window has `num_positions`: 30 s, or with
+        `pad_seconds` set, the window rounded up to a multiple of it (faster, see README)."""
+        if self.pad_seconds is None:
+            return MAX_WINDOW_POSITIONS
+        unit = self.pad_seconds * POSITIONS_PER_SECOND
+        return min(MAX_WINDOW_POSITIONS, max(unit, -(-num_positions // unit) * unit))
 
     def _stem(self, mel: torch.Tensor) -> torch.Tensor:
         """(N, n_mels, 8m + 3) item mel with context -> (N, 4m, n_state), no padding."""
@@ -96,8 +106,9 @@ class ModelRunner:
             self.encoder_cache[mm_hash] = stem[i]
         return 1, len(hashes)
 
-    def gather(self, window: ScheduledWindow, request: Request) -> torch.Tensor:
-        """Embeddings of the window's positions, padded to 30 s -> (1500, n_state)."""
+    def gather(self, window: ScheduledWindow, request: Request, length: int = MAX_WINDOW_POSITIONS
+               ) -> torch.Tensor:
+        """Embeddings of the window's positions, padded to `length` (30 s) -> (length, n_state)."""
         pieces = []
         item_lo, item_hi = get_mm_features_in_window(request.mm_features, window.window_start,
                                                      window.window_end)
@@ -107,7 +118,7 @@ class ModelRunner:
                                                                  window.window_end - pos.offset)
             pieces.append(self.encoder_cache[feature.identifier][embed_lo:embed_hi])
         x = torch.cat(pieces) if pieces else self.pad[None, :0]
-        num_pad = MAX_WINDOW_POSITIONS - x.shape[0]
+        num_pad = length - x.shape[0]
         return torch.cat([x, self.pad.expand(num_pad, -1)]) if num_pad > 0 else x
 
     @torch.inference_mode()
@@ -124,7 +135,8 @@ class ModelRunner:
                 result.results.append(WindowResult(window.request_id, [], window.final, silence=True))
         if not windows:
             return result
-        x = torch.stack([self.gather(w, requests[w.request_id]) for w in windows])
+        length = self.padded_length(max(w.window_end - w.window_start for w in windows))
+        x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
         features = self.model.encoder.transformer(x)  # (B, 1500, n_state)
         result.results += self.decode_windows(windows, features, prompts)
         return result

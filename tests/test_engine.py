@@ -3,6 +3,7 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 import torch
 
 from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
@@ -192,3 +193,14 @@ def test_async_scheduling_overlaps_the_next_schedule_with_execution():
     assert [o.request_id for o in outputs] == ["b"]
     assert "unless" in normalize("".join(w.text for w in outputs[0].tentative + outputs[0].committed))
     assert engine.has_work()  # "a" has new audio now that its output is in
+
+
+def test_shorter_padding_keeps_the_streamed_words():
+    samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS[:3]], gap_seconds=0.7)
+    engine = Engine(bundle(), EngineConfig(pad_seconds=10))
+    assert engine.runner.padded_length(120) == 500 and engine.runner.padded_length(501) == 1000
+    words = stream(engine, ["s"], [samples.numpy()])["s"]
+    errors, n = word_errors(reference, "".join(w.text for w in words))
+    assert errors / n <= 0.1
+    with pytest.raises(ValueError, match="pad_seconds"):
+        Engine(bundle(), EngineConfig(pad_seconds=0))
