@@ -325,3 +325,23 @@ async def test_engine_failure_ends_only_that_session(tmp_path):
         others, _ = await healthy
         assert finals_text(others) == GOLDEN["0890"]
         assert server.engine.num_requests == 0
+
+
+async def test_realtime_clear_drops_the_uncommitted_audio(tmp_path):
+    (dropped, _), (kept, reference) = clip("0920"), clip("0930")
+    async with running_server(tmp_path) as server:
+        async with connect(url(server, "/v1/realtime")) as ws:
+            await next_event(ws, "session.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
+            await next_event(ws, "session.updated")
+            await realtime_append(ws, dropped)
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            await next_event(ws, "input_audio_buffer.cleared")
+            await realtime_append(ws, kept)
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            events: list[dict] = []
+            done = await next_event(ws, "conversation.item.input_audio_transcription.completed",
+                                    seen=events)
+    assert error_rate(reference, done["transcript"]) <= 0.15, done["transcript"]
+    deltas = "".join(e["delta"] for e in events if e["type"].endswith(".delta"))
+    assert "married" not in deltas.lower() and "married" not in done["transcript"].lower()
