@@ -127,14 +127,20 @@ class RealtimeSession(Session):
             await self.send_error("invalid_value", "session must be an object",
                                   event_id=event.get("event_id"), param="session")
             return
-        audio_in = session.get("audio", {}).get("input", {}) if isinstance(session.get("audio"), dict) else {}
-        try:
+        try:  # validate everything before changing anything
+            audio = session.get("audio") or {}
+            audio_in = audio.get("input") or {}
+            if not isinstance(audio_in, dict):
+                raise ValueError("session.audio.input must be an object")
             rate = self._rate(session, audio_in)
             transcription = audio_in.get("transcription", session.get("input_audio_transcription"))
+            if transcription is not None and not isinstance(transcription, dict):
+                raise ValueError("transcription settings must be an object")
             language = (transcription or {}).get("language") or "en"
             if language != "en" and not self.ctx.multilingual:
                 raise ValueError(f"language {language!r} is not supported by {self.ctx.model_name}; "
                                  "use en")
+            turn_detection = self._turn_detection(audio_in, session)
         except (ValueError, AttributeError, TypeError) as e:
             await self.send_error("invalid_value", str(e), event_id=event.get("event_id"),
                                   param="session")
@@ -142,17 +148,34 @@ class RealtimeSession(Session):
         if rate != self.resampler.rate:
             self._feed(self.resampler.flush())
             self.resampler = StreamResampler(rate)
-        if isinstance(transcription, dict):
+        if transcription:
             self.transcription.update({k: v for k, v in transcription.items()
                                        if k in ("model", "prompt", "language")})
-        for source in (audio_in, session):
-            if "turn_detection" in source:
-                td = source["turn_detection"]
-                self.turn_detection = None if td is None else {**DEFAULT_TURN_DETECTION, **td}
-                self.vad = self._make_vad()
-                break
+        if turn_detection != "unchanged":
+            self.turn_detection = turn_detection
+            self.vad = self._make_vad()
         kind = event["type"].replace(".update", ".updated")
         await self.emit(kind, session=self.session_object())
+
+    @staticmethod
+    def _turn_detection(audio_in: dict[str, Any], session: dict[str, Any]) -> Any:
+        """The new turn detection settings (None: off), or "unchanged"."""
+        for source in (audio_in, session):
+            if "turn_detection" not in source:
+                continue
+            td = source["turn_detection"]
+            if td is None:
+                return None
+            if not isinstance(td, dict):
+                raise ValueError("turn_detection must be an object or null")
+            merged = {**DEFAULT_TURN_DETECTION, **td}
+            if merged["type"] not in ("server_vad", "semantic_vad"):
+                raise ValueError(f"turn_detection type {merged['type']!r} is not supported; use server_vad")
+            threshold, silence = float(merged["threshold"]), int(merged["silence_duration_ms"])
+            if not 0.0 <= threshold <= 1.0 or not 0 <= silence <= 10_000:
+                raise ValueError("turn_detection needs threshold in 0-1 and silence_duration_ms in 0-10000")
+            return merged
+        return "unchanged"
 
     def _rate(self, session: dict[str, Any], audio_in: dict[str, Any]) -> int:
         fmt = audio_in.get("format", session.get("input_audio_format"))
@@ -161,7 +184,7 @@ class RealtimeSession(Session):
         if isinstance(fmt, str):
             if fmt != "pcm16":
                 raise ValueError(f"input_audio_format {fmt!r} is not supported; use pcm16")
-            return int(session.get("input_audio_sample_rate", OPENAI_RATE))
+            return check_stream_rate(int(session.get("input_audio_sample_rate", OPENAI_RATE)))
         if fmt.get("type", "audio/pcm") != "audio/pcm":
             raise ValueError(f"audio format {fmt.get('type')!r} is not supported; use audio/pcm")
         rate = fmt.get("rate", OPENAI_RATE)

@@ -114,10 +114,14 @@ class Session:
             except ConnectionClosed:
                 self.connected = False
                 return
-            if isinstance(message, bytes):
-                await self.on_binary(message)
-            else:
-                await self.on_text(message)
+            try:
+                if isinstance(message, bytes):
+                    await self.on_binary(message)
+                else:
+                    await self.on_text(message)
+            except Exception:  # a bug on one message must not end the session silently
+                log.exception("session %s: handling a message failed", self.id)
+                await self.send_error("internal_error", "the server could not handle that message")
 
     async def _write_loop(self) -> None:
         while True:

@@ -204,6 +204,10 @@ async def test_bad_input_gets_error_events_and_sessions_keep_working(tmp_path):
                        "format": {"type": "audio/pcm", "rate": 1000000}}}}}),
                    json.dumps({"type": "session.update", "session": {"input_audio_transcription": {
                        "language": "fr"}}}),
+                   json.dumps({"type": "session.update", "session": {"audio": {"input": "x"}}}),
+                   json.dumps({"type": "session.update", "session": {"turn_detection": 3}}),
+                   json.dumps({"type": "session.update", "session": {"turn_detection": {
+                       "threshold": "loud"}}}),
                    b"\x00\x01"]
             for message in bad:
                 await ws.send(message)
@@ -212,7 +216,7 @@ async def test_bad_input_gets_error_events_and_sessions_keep_working(tmp_path):
             assert [e["error"]["code"] for e in errors] == [
                 "invalid_json", "invalid_base64", "invalid_audio", "invalid_value", "unknown_event",
                 "input_audio_buffer_commit_empty", "invalid_value", "invalid_value", "invalid_value",
-                "invalid_message"]
+                "invalid_value", "invalid_value", "invalid_value", "invalid_message"]
             assert errors[4]["error"]["event_id"] == "e1"
             await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
             await next_event(ws, "session.updated")
