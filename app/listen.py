@@ -19,12 +19,12 @@ Server messages:
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
 from websockets.asyncio.server import ServerConnection
 
-from app.session import ServerContext, Session, text_of, words_json
-from audio.io import AudioError, check_stream_rate, pcm_to_float
+from app.session import ServerContext, Session, query_rate, text_of, words_json
+from audio.io import AudioError, pcm_to_float
 from engine.engine import EngineOutput
 from engine.policy import Word
 
@@ -33,12 +33,8 @@ ENCODINGS = {"linear16": "pcm16", "pcm16": "pcm16", "float32": "float32"}
 
 def parse_listen_query(query: str) -> dict[str, Any]:
     """Query string -> {"rate", "encoding"}; ValueError with the fix for bad values."""
-    params = {k: v[-1] for k, v in parse_qs(query).items()}
-    try:
-        rate = int(params.get("sample_rate", "16000"))
-    except ValueError:
-        raise ValueError(f"sample_rate must be an integer, got {params['sample_rate']!r}") from None
-    check_stream_rate(rate)
+    params = dict(parse_qsl(query))
+    rate = query_rate(params, 16000)
     encoding = params.get("encoding", "linear16").lower()
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding {encoding!r} is not supported; use linear16 or float32")

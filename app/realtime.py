@@ -46,7 +46,6 @@ class Item:
     start_ms: int
     end_ms: int | None = None  # set when committed
     words: list[Word] = field(default_factory=list)
-    completed: bool = False
 
 
 class RealtimeSession(Session):
@@ -235,7 +234,7 @@ class RealtimeSession(Session):
             elif self.current is not None:
                 await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=e.ms,
                                 item_id=self.current.id)
-                await self._commit(None)
+                await self._commit()
 
     async def _commit_event(self, event: dict[str, Any]) -> None:
         item = self.current
@@ -245,9 +244,9 @@ class RealtimeSession(Session):
                                   "must be appended since the last commit",
                                   event_id=event.get("event_id"))
             return
-        await self._commit(event.get("event_id"))
+        await self._commit()
 
-    async def _commit(self, event_id: str | None) -> None:
+    async def _commit(self) -> None:
         item = self.current
         assert item is not None
         item.end_ms = self.fed_ms
@@ -301,7 +300,6 @@ class RealtimeSession(Session):
                 await self._complete(item)  # the session ended: its last turn is complete
 
     async def _complete(self, item: Item) -> None:
-        item.completed = True
         self.items.remove(item)
         transcript = text_of(item.words)
         self.ctx.store.append(self.id, {"item_id": item.id, "text": transcript,

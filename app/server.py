@@ -16,7 +16,7 @@ import json
 import logging
 import mimetypes
 from http import HTTPStatus
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection, serve
@@ -28,9 +28,8 @@ from app.engine_loop import EngineLoop
 from app.listen import ListenSession, parse_listen_query
 from app.metrics import Metrics
 from app.realtime import OPENAI_RATE, RealtimeSession
-from app.session import ServerContext, Session
+from app.session import ServerContext, Session, query_rate
 from app.store import TranscriptStore
-from audio.io import check_stream_rate
 from engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -130,7 +129,7 @@ class Server:
                 if url.path == "/v1/listen":
                     parse_listen_query(url.query)
                 else:
-                    self._realtime_rate(url.query)
+                    query_rate(dict(parse_qsl(url.query)), OPENAI_RATE)
             except ValueError as e:
                 return _text(HTTPStatus.BAD_REQUEST, f"{e}\n")
             return None  # on to the websocket handshake
@@ -156,16 +155,8 @@ class Server:
             return True
         header = request.headers.get("Authorization", "")
         given = header[7:] if header.startswith("Bearer ") else None
-        given = given or parse_qs(query).get("api_key", [""])[-1]
+        given = given or dict(parse_qsl(query)).get("api_key", "")
         return hmac.compare_digest(given.encode(), key.encode())
-
-    @staticmethod
-    def _realtime_rate(query: str) -> int:
-        value = parse_qs(query).get("sample_rate", [str(OPENAI_RATE)])[-1]
-        try:
-            return check_stream_rate(int(value))
-        except ValueError:
-            raise ValueError(f"sample_rate must be an integer in 8000-48000, got {value!r}") from None
 
     # ------------------------------------------------------------------ websocket
 
@@ -181,7 +172,7 @@ class Server:
             params = parse_listen_query(url.query)
             session: Session = ListenSession(ws, self.ctx, params["rate"], params["encoding"])
         else:
-            session = RealtimeSession(ws, self.ctx, self._realtime_rate(url.query))
+            session = RealtimeSession(ws, self.ctx, query_rate(dict(parse_qsl(url.query)), OPENAI_RATE))
         self.sessions[session.id] = session
         try:
             await session.run()

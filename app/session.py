@@ -25,7 +25,7 @@ from app.config import ServerConfig
 from app.engine_loop import EngineLoop
 from app.metrics import Metrics
 from app.store import TranscriptStore
-from audio.io import SAMPLE_RATE
+from audio.io import SAMPLE_RATE, check_stream_rate
 from audio.stream import StreamResampler
 from engine.engine import EngineOutput
 from engine.policy import Word
@@ -51,6 +51,16 @@ class ServerContext:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def query_rate(params: dict[str, str], default: int) -> int:
+    """The `sample_rate` query parameter (8000-48000); ValueError with the fix if bad."""
+    value = params.get("sample_rate", str(default))
+    try:
+        rate = int(value)
+    except ValueError:
+        raise ValueError(f"sample_rate must be an integer, got {value!r}") from None
+    return check_stream_rate(rate)
 
 
 def words_json(words: list[Word]) -> list[dict[str, Any]]:

@@ -161,11 +161,12 @@ class Engine:
         ends = self.pad_ends.get(request_id)
         if not ends:
             return timeline_ms
-        i = bisect.bisect_right(ends, timeline_ms)
+        totals = self.pad_totals[request_id]
+        i = bisect.bisect_right(ends, timeline_ms)  # paddings 0..i-1 end before timeline_ms
+        before = totals[i - 1] if i else 0
         if i < len(ends):  # inside padding i: clamp to its start
-            pad = self.pad_totals[request_id][i] - (self.pad_totals[request_id][i - 1] if i else 0)
-            timeline_ms = min(timeline_ms, ends[i] - pad)
-        return timeline_ms - (self.pad_totals[request_id][i - 1] if i else 0)
+            timeline_ms = min(timeline_ms, ends[i] - (totals[i] - before))
+        return timeline_ms - before
 
     def _audio_words(self, request_id: str, words: list[Word]) -> list[Word]:
         if not self.pad_ends.get(request_id):

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -38,8 +37,7 @@ def url(server: Server, path: str) -> str:
 def pcm16_at(samples: torch.Tensor, rate: int) -> bytes:
     """16 kHz float samples -> PCM16 bytes at `rate`."""
     if rate != 16000:
-        g = np.gcd(rate, 16000)
-        samples = torch.clamp(resample_to(samples, rate // g, 16000 // g), -1, 1)
+        samples = torch.clamp(resample_to(samples, rate, 16000), -1, 1)
     return float_to_pcm16(samples)
 
 
