@@ -4,6 +4,10 @@ Handlers never touch the engine: they queue commands here. Commands, scheduling 
 updates run on the event loop; only `Engine.execute` (the model) runs in a worker thread,
 on a snapshot of the scheduled requests, so the event loop keeps serving sockets while the
 model computes. Outputs go to the sink each session registered.
+
+The loop also knows each session's backlog: audio received but not yet looked at by the
+model. Sessions use it to warn clients that push faster than the engine keeps up, and to
+stop reading from their socket (TCP backpressure) while the backlog is over a bound.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from collections.abc import Callable
 import numpy as np
 
 from app.metrics import Metrics
+from audio.io import SAMPLE_RATE
 from engine.engine import Engine, EngineOutput
 from engine.model_runner import RunnerOutput
+from engine.request import SAMPLES_PER_POSITION
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +38,21 @@ class EngineLoop:
         self.sinks: dict[str, Sink] = {}
         self.commands: list[tuple[str, str, np.ndarray | None]] = []  # (op, request id, audio)
         self.wakeup = asyncio.Event()
+        self.stepped = asyncio.Condition()  # notified after every step
+        self.received: dict[str, int] = {}  # request id -> 16 kHz samples received
         self.task: asyncio.Task | None = None
 
     # -------------------------------------------------------- called by session handlers
 
     def open(self, request_id: str, sink: Sink) -> None:
         self.sinks[request_id] = sink
+        self.received[request_id] = 0
         self._queue("open", request_id)
 
     def add_audio(self, request_id: str, samples: np.ndarray) -> None:
         """(n,) float32 16 kHz samples."""
         if samples.size:
+            self.received[request_id] = self.received.get(request_id, 0) + samples.size
             self._queue("audio", request_id, samples)
 
     def flush(self, request_id: str) -> None:
@@ -53,7 +63,25 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         self.sinks.pop(request_id, None)
+        self.received.pop(request_id, None)
         self._queue("abort", request_id)
+
+    def backlog_s(self, request_id: str) -> float:
+        """Seconds of a session's audio received but not yet decoded (0 once it ended)."""
+        received = self.received.get(request_id)
+        request = self.engine.scheduler.requests.get(request_id)
+        if received is None or request is None:
+            return 0.0
+        decoded = request.num_decoded_positions * SAMPLES_PER_POSITION
+        return max(0, received - decoded) / SAMPLE_RATE
+
+    def max_backlog_s(self) -> float:
+        return max((self.backlog_s(rid) for rid in self.received), default=0.0)
+
+    async def wait_backlog_below(self, request_id: str, seconds: float) -> None:
+        """Return once the session's backlog is under `seconds` (or the session ended)."""
+        async with self.stepped:
+            await self.stepped.wait_for(lambda: self.backlog_s(request_id) < seconds)
 
     def _queue(self, op: str, request_id: str, samples: np.ndarray | None = None) -> None:
         self.commands.append((op, request_id, samples))
@@ -90,6 +118,8 @@ class EngineLoop:
                 for result in engine.update_from_output(output):
                     self._route(result)
                 inflight = None
+                async with self.stepped:
+                    self.stepped.notify_all()
             if step is not None:
                 started = time.perf_counter()
                 inflight = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
@@ -135,6 +165,7 @@ class EngineLoop:
         sink = self.sinks.get(output.request_id)
         if output.finished:
             self.sinks.pop(output.request_id, None)
+            self.received.pop(output.request_id, None)
         if sink is None:
             return
         try:

@@ -95,6 +95,10 @@ class Metrics:
         self.sessions_total = self.counter("voxtide_sessions_total", "Sessions opened, by protocol")
         self.sessions_rejected = self.counter("voxtide_sessions_rejected_total",
                                               "Connections refused, by reason")
+        self.sessions_resumed = self.counter("voxtide_sessions_resumed_total",
+                                             "Sessions taken over by a new connection (resume token)")
+        self.rate_limited = self.counter("voxtide_rate_limited_total",
+                                         "rate_limited warnings sent (a session's backlog over max_lag)")
         self.audio_seconds = self.counter("voxtide_audio_seconds_total", "Audio received (16 kHz s)")
         self.client_errors = self.counter("voxtide_client_errors_total",
                                           "Error events sent to clients, by code")

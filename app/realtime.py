@@ -74,7 +74,8 @@ class RealtimeSession(Session):
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         self.ctx.metrics.client_errors.inc(code=code)
-        error = {"type": "invalid_request_error" if code != "engine_error" else "server_error",
+        server_side = code in ("engine_error", "rate_limited", "internal_error")
+        error = {"type": "server_error" if server_side else "invalid_request_error",
                  "code": code, "message": message, "param": extra.get("param"),
                  "event_id": extra.get("event_id")}
         await self.emit("error", error=error)

@@ -3,9 +3,12 @@
 HTTP (answered in `process_request`, before any websocket handshake): GET /healthz,
 GET /metrics (Prometheus text), and the allowlisted files of web/. Websocket: /v1/listen
 and /v1/realtime, behind the optional API key (`Authorization: Bearer <key>`, or
-`?api_key=<key>` for browsers, which cannot set headers). Beyond `max_sessions` a
-connection is accepted and closed with 1013 (try again later) and a reason; messages over
-`max_message_bytes` close the connection with 1009 (done by the websockets library).
+`?api_key=<key>` for browsers, which cannot set headers). Beyond `max_sessions`, or while
+the server is overloaded (most sessions more than `max_lag_s` behind), a connection is
+accepted and closed with 1013 (try again later) and a reason; messages over
+`max_message_bytes` close the connection with 1009 (done by the websockets library). A
+/v1/listen connection with a `resume_token` takes over its dropped session (404 for an
+unknown or expired token) and does not count as a new session.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hmac
 import json
 import logging
 import mimetypes
+from collections.abc import Awaitable
 from http import HTTPStatus
 from urllib.parse import parse_qsl, urlsplit
 
@@ -39,6 +43,7 @@ STATIC_FILES = {  # URL path -> file in web/; nothing else is served from disk
     "/worklet.js": "worklet.js", "/style.css": "style.css", "/sample.wav": "sample.wav",
 }
 WS_PATHS = ("/v1/listen", "/v1/realtime")
+CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TRY_AGAIN_LATER = 1013
 
 
@@ -74,6 +79,10 @@ class Server:
                 lambda: {(("session", s.id),): self._lag(s) for s in self.sessions.values()})
         m.gauge("voxtide_session_lag_max_seconds", "The largest session lag",
                 lambda: max((self._lag(s) for s in self.sessions.values()), default=0.0))
+        m.gauge("voxtide_session_backlog_max_seconds",
+                "The largest backlog: audio received but not yet decoded", self.loop.max_backlog_s)
+        m.gauge("voxtide_sessions_awaiting_resume", "Dropped sessions waiting for a resume",
+                lambda: sum(not s.connected and not s.finishing for s in self.ctx.resumable.values()))
         cache, processor = engine.scheduler.encoder_cache, engine.processor_cache
         m.gauge("voxtide_encoder_cache_queries", "Encoder cache lookups", lambda: cache.num_queries)
         m.gauge("voxtide_encoder_cache_hits", "Encoder cache lookups that hit", lambda: cache.num_hits)
@@ -127,7 +136,9 @@ class Server:
                              "'Authorization: Bearer <key>' or ?api_key=<key>\n")
             try:
                 if url.path == "/v1/listen":
-                    parse_listen_query(url.query)
+                    params = parse_listen_query(url.query)
+                    if "resume_token" in params and self._resumable(params["resume_token"]) is None:
+                        return _text(HTTPStatus.NOT_FOUND, "unknown or expired resume_token\n")
                 else:
                     query_rate(dict(parse_qsl(url.query)), OPENAI_RATE)
             except ValueError as e:
@@ -160,25 +171,53 @@ class Server:
 
     # ------------------------------------------------------------------ websocket
 
+    def _resumable(self, token: str) -> Session | None:
+        session = self.ctx.resumable.get(token)
+        return session if session is not None and not session.finishing else None
+
+    def overloaded(self) -> bool:
+        """Most open sessions are more than max_lag_s behind: a new one would only add lag."""
+        behind = sum(self.loop.backlog_s(s.id) > self.config.max_lag_s for s in self.sessions.values())
+        return behind > 0 and 2 * behind >= len(self.sessions)
+
     async def handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None
         url = urlsplit(ws.request.path)
+        params = parse_listen_query(url.query) if url.path == "/v1/listen" else {}
+        if "resume_token" in params:
+            await self._resume(ws, params["resume_token"], params["last_seq"])
+            return
+        refusal = None
         if len(self.sessions) >= self.config.max_sessions:
-            self.metrics.sessions_rejected.inc(reason="max_sessions")
-            await ws.close(CLOSE_TRY_AGAIN_LATER, f"server at capacity ({self.config.max_sessions} "
-                           "sessions); try again later")
+            refusal = "max_sessions", f"server at capacity ({self.config.max_sessions} sessions)"
+        elif self.overloaded():
+            refusal = "overloaded", f"server overloaded (sessions over {self.config.max_lag_s:g} s behind)"
+        if refusal is not None:
+            self.metrics.sessions_rejected.inc(reason=refusal[0])
+            await ws.close(CLOSE_TRY_AGAIN_LATER, f"{refusal[1]}; try again later")
             return
         if url.path == "/v1/listen":
-            params = parse_listen_query(url.query)
             session: Session = ListenSession(ws, self.ctx, params["rate"], params["encoding"])
         else:
             session = RealtimeSession(ws, self.ctx, query_rate(dict(parse_qsl(url.query)), OPENAI_RATE))
         self.sessions[session.id] = session
+        await self._run(session, ws, session.run())
+
+    async def _resume(self, ws: ServerConnection, token: str, last_seq: int) -> None:
+        session = self._resumable(token)
+        if session is None:  # expired between the handshake and now
+            await ws.close(CLOSE_POLICY_VIOLATION, "unknown or expired resume_token")
+            return
+        await self._run(session, ws, session.resume(ws, last_seq))
+
+    async def _run(self, session: Session, ws: ServerConnection, serving: Awaitable[None]) -> None:
+        """Serve one connection of a session; forget the session once it ended."""
         try:
-            await session.run()
+            await serving
         except Exception:
             log.exception("session %s failed", session.id)
-            self.loop.abort(session.id)
+            session.abort()
             await ws.close(1011, "internal error")
         finally:
-            self.sessions.pop(session.id, None)
+            if session.ended:
+                self.sessions.pop(session.id, None)

@@ -4,6 +4,12 @@ A session reads client messages (with an idle timeout), turns audio into 16 kHz 
 the engine loop, and in a second task turns engine outputs into protocol events. Finalized
 text goes to the transcript store before it is sent. When the client disconnects without
 closing, the session still finishes: the rest of its audio is transcribed into the store.
+
+A resumable session (/v1/listen) that drops without a close frame waits `resume_grace_s`
+for the client to come back with its resume token; meanwhile the engine goes on and its
+finals go to the store and a replay buffer. After each message the session checks its
+backlog: over `max_lag_s` the client gets a rate_limited warning (at most every 5 s); at
+`max_backlog_s` the session stops reading its socket until the engine catches up.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,8 +40,10 @@ from engine.policy import Word
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008  # idle timeout
 CLOSE_INTERNAL = 1011  # the engine failed this session
+WARN_INTERVAL_S = 5.0  # at most one rate_limited warning per session this often
 
 
 @dataclass
@@ -47,6 +56,7 @@ class ServerContext:
     store: TranscriptStore
     model_name: str
     multilingual: bool  # the model transcribes languages other than English
+    resumable: dict[str, Session] = field(default_factory=dict)  # resume token -> session
 
 
 def new_id(prefix: str) -> str:
@@ -73,6 +83,7 @@ def text_of(words: list[Word]) -> str:
 
 class Session:
     protocol = "base"
+    resumable = False  # whether a dropped connection can be resumed with a token
 
     def __init__(self, ws: ServerConnection, ctx: ServerContext, rate: int):
         self.ws = ws
@@ -80,50 +91,121 @@ class Session:
         self.id = new_id("sess")
         self.outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self.resampler = StreamResampler(rate)
+        self.num_received = 0  # samples at the client's rate accepted: the resume offset
         self.num_fed = 0  # 16 kHz samples given to the engine
         self.connected = True
         self.closing = False  # the reader stops after the current message
         self.close_code, self.close_reason = CLOSE_NORMAL, ""
         self.first_audio_at: float | None = None
+        self.warned_at = -WARN_INTERVAL_S  # last rate_limited warning (monotonic s)
         self.sent_text = False
         self.tentative: list[str] = []  # texts of the current tentative words
         self.tentative_since: list[float] = []  # when each was first shown
+        self.writer: asyncio.Task | None = None
+        self.output_lock = asyncio.Lock()  # one sender of outputs at a time (writer or resume)
+        self.attached = asyncio.Event()  # set when a resume takes the session over
+        self.finishing = False  # no resume any more: the rest is being transcribed
+        self.ended = False
+        self.resume_token: str | None = None
+        if self.resumable and ctx.config.resume_grace_s > 0:
+            self.resume_token = secrets.token_urlsafe(24)
+            ctx.resumable[self.resume_token] = self
 
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
-        loop = self.ctx.loop
-        loop.open(self.id, self.outputs.put_nowait)
+        """Serve the first connection; return when the session ended or a resume took over."""
+        self.ctx.loop.open(self.id, self.outputs.put_nowait)
         self.ctx.metrics.sessions_total.inc(protocol=self.protocol)
-        writer = asyncio.create_task(self._write_loop(), name=f"writer-{self.id}")
+        self.writer = asyncio.create_task(self._write_loop(), name=f"writer-{self.id}")
         try:
             await self.on_open()
-            await self._read_loop()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        await self._serve(self.ws)
+
+    async def resume(self, ws: ServerConnection, last_seq: int) -> None:
+        """Take the session over on a new connection (the old one dropped, or is half-open)."""
+        old, self.ws, self.connected = self.ws, ws, False
+        if old is not ws:
+            old.transport.abort()  # a half-open old connection: its reader ends now
+        self.ctx.metrics.sessions_resumed.inc(protocol=self.protocol)
+        async with self.output_lock:  # nothing else is sent until the resume is told
+            self.connected = True
+            await self.on_resume(last_seq)
+        self.attached.set()
+        await self._serve(ws)
+
+    async def _serve(self, ws: ServerConnection) -> None:
+        try:
+            dropped = await self._read_loop(ws)
+            if self.ws is not ws:
+                return  # a resume took over while this connection was still open
+            if dropped and await self._wait_for_resume():
+                return
+            await self._end()
+        except asyncio.CancelledError:  # server shutdown
+            if self.ws is ws:
+                self.abort()
+            raise
+
+    async def _wait_for_resume(self) -> bool:
+        """After a drop: wait the grace period for a resume; False when none came."""
+        if self.resume_token is None or self.closing:
+            return False
+        self.attached.clear()
+        attached = asyncio.create_task(self.attached.wait())
+        assert self.writer is not None
+        await asyncio.wait([attached, self.writer], timeout=self.ctx.config.resume_grace_s,
+                           return_when=asyncio.FIRST_COMPLETED)  # (the writer ends on an engine error)
+        attached.cancel()
+        return self.attached.is_set()
+
+    async def _end(self) -> None:
+        """No more audio: transcribe the rest (into the store, and to the client if there)."""
+        self._stop_resume()
+        try:
             self._feed(self.resampler.flush())
-            loop.finish(self.id)
-            await writer  # the rest of the text, to the store and (if still there) the client
+            self.ctx.loop.finish(self.id)
+            assert self.writer is not None
+            await self.writer
             if self.connected:
                 await self.on_finished()
                 await self.ws.close(self.close_code, self.close_reason)
-        except asyncio.CancelledError:  # server shutdown
-            loop.abort(self.id)
-            writer.cancel()
-            raise
         finally:
+            self.ended = True
             self.ctx.store.close(self.id)
 
-    async def _read_loop(self) -> None:
+    def abort(self) -> None:
+        self._stop_resume()
+        self.ctx.loop.abort(self.id)
+        if self.writer is not None:
+            self.writer.cancel()
+        self.ended = True
+        self.ctx.store.close(self.id)
+
+    def _stop_resume(self) -> None:
+        self.finishing = True
+        if self.resume_token is not None:
+            self.ctx.resumable.pop(self.resume_token, None)
+
+    async def _read_loop(self, ws: ServerConnection) -> bool:
+        """Handle client messages; True when the connection dropped (no clean close)."""
         idle = self.ctx.config.idle_timeout_s
-        while not self.closing:
+        while not self.closing and self.ws is ws:
             try:
-                message = await asyncio.wait_for(self.ws.recv(), idle)
+                message = await asyncio.wait_for(ws.recv(), idle)
             except TimeoutError:
                 await self.send_error("idle_timeout", f"no message for {idle:g} s; closing")
                 self.close_code, self.close_reason = CLOSE_POLICY, "idle timeout"
-                return
-            except ConnectionClosed:
-                self.connected = False
-                return
+                return False
+            except ConnectionClosed as e:
+                if self.ws is ws:
+                    self.connected = False
+                if e.sent is not None:  # the server closed it (e.g. 1009, message too big)
+                    return False
+                return e.rcvd is None or e.rcvd.code not in (CLOSE_NORMAL, CLOSE_GOING_AWAY)
             try:
                 if isinstance(message, bytes):
                     await self.on_binary(message)
@@ -132,24 +214,45 @@ class Session:
             except Exception:  # a bug on one message must not end the session silently
                 log.exception("session %s: handling a message failed", self.id)
                 await self.send_error("internal_error", "the server could not handle that message")
+            await self._pace()
+        return False
+
+    async def _pace(self) -> None:
+        """Warn a client that is ahead of the engine; stop reading while it is far ahead."""
+        config, loop = self.ctx.config, self.ctx.loop
+        backlog = loop.backlog_s(self.id)
+        now = time.monotonic()
+        if backlog > config.max_lag_s and now - self.warned_at >= WARN_INTERVAL_S:
+            self.warned_at = now
+            self.ctx.metrics.rate_limited.inc(protocol=self.protocol)
+            await self.send_warning(
+                "rate_limited", f"the server is {backlog:.1f} s behind this session's audio; "
+                f"results are delayed (reading pauses beyond {config.max_backlog_s:g} s)",
+                backlog_ms=int(backlog * 1000))
+        if backlog >= config.max_backlog_s:  # TCP backpressure: no data is dropped
+            await loop.wait_backlog_below(self.id, config.max_backlog_s)
 
     async def _write_loop(self) -> None:
         while True:
             output = await self.outputs.get()
             try:
-                if output.error is not None:  # the engine dropped the request: end the session
-                    await self.send_error("engine_error", f"transcription failed: {output.error}")
-                    self.closing = True
-                    if self.connected:
-                        self.connected = False
-                        await self.ws.close(CLOSE_INTERNAL, "engine error")
-                else:
-                    self._observe(output)
-                    await self.on_output(output)
+                async with self.output_lock:
+                    await self._handle_output(output)
             except Exception:  # never leave the session without its writer
                 log.exception("session %s: output handling failed", self.id)
             if output.finished:
                 return
+
+    async def _handle_output(self, output: EngineOutput) -> None:
+        if output.error is not None:  # the engine dropped the request: end the session
+            await self.send_error("engine_error", f"transcription failed: {output.error}")
+            self.closing = True
+            if self.connected:
+                self.connected = False
+                await self.ws.close(CLOSE_INTERNAL, "engine error")
+        else:
+            self._observe(output)
+            await self.on_output(output)
 
     # ------------------------------------------------------------------ helpers
 
@@ -169,6 +272,7 @@ class Session:
             return
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
+        self.num_received += samples.numel()
         self.ctx.metrics.audio_seconds.inc(samples.numel() / self.resampler.rate)
         self._feed(self.resampler.push(samples.numpy()))
 
@@ -217,8 +321,15 @@ class Session:
 
     async def on_output(self, output: EngineOutput) -> None: ...
 
+    async def on_resume(self, last_seq: int) -> None:
+        """A new connection took over: tell it where the session is, send what it missed."""
+
     async def on_finished(self) -> None:
         """Everything is transcribed and sent; the socket is about to close."""
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         raise NotImplementedError
+
+    async def send_warning(self, code: str, message: str, **extra: Any) -> None:
+        """Something the client should know that is not an error (default: an error event)."""
+        await self.send_error(code, message, **extra)

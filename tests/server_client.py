@@ -16,13 +16,14 @@ from websockets.exceptions import ConnectionClosed
 from app.config import ServerConfig
 from app.server import Server
 from audio.io import float_to_pcm16
-from engine.engine import Engine
+from engine.engine import Engine, EngineConfig
 from tests.helpers import bundle
 
 
 @asynccontextmanager
-async def running_server(tmp_path: Path, **config: Any):
-    server = Server(Engine(bundle()), ServerConfig(port=0, data_dir=tmp_path / "data", **config))
+async def running_server(tmp_path: Path, engine_config: EngineConfig | None = None, **config: Any):
+    server = Server(Engine(bundle(), engine_config),
+                    ServerConfig(port=0, data_dir=tmp_path / "data", **config))
     await server.start()
     try:
         yield server

@@ -300,7 +300,7 @@ async def test_http_routes_health_metrics_static(tmp_path):
 
 async def test_dropped_connection_still_stores_the_transcript(tmp_path):
     samples, reference = clip("0920")
-    async with running_server(tmp_path) as server:
+    async with running_server(tmp_path, resume_grace_s=0.5) as server:
         ws = await connect(url(server, "/v1/listen"))
         session_id = json.loads(await ws.recv())["session_id"]
         await ws.send(pcm16_at(samples, 16000))

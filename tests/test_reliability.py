@@ -1,0 +1,191 @@
+"""Reliability on the real model: resume, overload, disconnect storms (fuzzing: test_fuzz.py)."""
+
+import asyncio
+import gc
+import json
+import weakref
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from engine.engine import EngineConfig
+from tests.helpers import concatenated, librivox_path, transcripts
+from tests.server_client import pcm16_at, running_server, url
+from tests.test_server import clip, error_rate
+
+CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
+
+
+def arctic_passage(n: int):
+    paths = sorted(p for p in transcripts() if p.parent == librivox_path("0890").parent)[:n]
+    return concatenated(paths, gap_seconds=0.5)
+
+
+async def collect(ws, into: list[dict]) -> None:
+    try:
+        async for raw in ws:
+            into.append(json.loads(raw))
+    except ConnectionClosed:
+        pass
+
+
+def finals(messages: list[dict]) -> list[dict]:
+    return [m for m in messages if m["type"] == "Results" and m["is_final"] and m["words"]]
+
+
+async def wait_until(condition, seconds: float = 300.0) -> None:
+    for _ in range(int(seconds * 10)):
+        if condition():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("timed out waiting for the server")
+
+
+async def test_resume_continues_the_transcript_without_gap_or_duplicate(tmp_path):
+    samples, reference = arctic_passage(4)
+    pcm = pcm16_at(samples, 16000)
+    half = len(pcm) // 2 // CHUNK * CHUNK
+    async with running_server(tmp_path, resume_grace_s=30) as server:
+        first: list[dict] = []
+        ws = await connect(url(server, "/v1/listen"))
+        hello = json.loads(await ws.recv())
+        token = hello["resume_token"]
+        reader = asyncio.create_task(collect(ws, first))
+        for i in range(0, half, CHUNK):
+            await ws.send(pcm[i : i + CHUNK])
+        await wait_until(lambda: finals(first), 120)  # some text arrived before the drop
+        ws.transport.abort()  # the network goes away: no close frame
+        await reader
+        await asyncio.sleep(1.0)  # the engine goes on while the client is away
+        assert len(server.sessions) == 1  # the session waits for its client
+        last_seq = max(m["seq"] for m in first if m["type"] == "Results")
+
+        with pytest.raises(InvalidStatus) as info:  # a wrong token is refused before the upgrade
+            async with connect(url(server, "/v1/listen?resume_token=nope&last_seq=0")):
+                pass
+        assert info.value.response.status_code == 404
+
+        async with connect(url(server, f"/v1/listen?resume_token={token}&last_seq={last_seq}")) as ws2:
+            resumed = json.loads(await ws2.recv())
+            assert resumed["type"] == "Connected" and resumed["resumed"] is True
+            assert resumed["session_id"] == hello["session_id"]
+            offset = resumed["audio_received_samples"] * 2  # PCM16 bytes the server has
+            assert 0 < offset <= half and offset % CHUNK == 0
+            second: list[dict] = []
+            reader = asyncio.create_task(collect(ws2, second))
+            for i in range(offset, len(pcm), CHUNK):
+                await ws2.send(pcm[i : i + CHUNK])
+            await ws2.send(json.dumps({"type": "CloseStream"}))
+            await reader
+        assert ws2.close_code == 1000
+        stored = server.store.read(hello["session_id"])
+        assert server.metrics.sessions_resumed.get(protocol="listen") == 1
+
+    got = finals(first) + finals(second)
+    seqs = [m["seq"] for m in got]
+    assert seqs == sorted(set(seqs))  # no final twice, in order
+    assert [m["seq"] for m in stored] == seqs  # none missing: the client saw every stored final
+    words = [w for m in got for w in m["words"]]
+    assert all(a["end_ms"] <= b["start_ms"] for a, b in zip(words, words[1:], strict=False))  # no overlap
+    assert second[-1]["type"] == "Metadata" and second[-1]["duration_ms"] == len(pcm) * 1000 // 32000
+    text = " ".join(m["text"] for m in got)
+    assert error_rate(reference, text) <= 0.15, text
+
+
+async def test_resume_after_the_grace_period_is_refused_and_the_text_is_stored(tmp_path):
+    samples, reference = clip("0920")
+    async with running_server(tmp_path, resume_grace_s=0.5) as server:
+        ws = await connect(url(server, "/v1/listen"))
+        hello = json.loads(await ws.recv())
+        await ws.send(pcm16_at(samples, 16000))
+        await asyncio.sleep(0.2)
+        ws.transport.abort()
+        await wait_until(lambda: not server.sessions and not server.engine.num_requests)
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(url(server, f"/v1/listen?resume_token={hello['resume_token']}")):
+                pass
+        assert info.value.response.status_code == 404
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(url(server, "/v1/listen?resume_token=x&last_seq=-3")):
+                pass
+        assert info.value.response.status_code == 400
+        text = " ".join(r["text"] for r in server.store.read(hello["session_id"]))
+    assert error_rate(reference, text) <= 0.15, text
+
+
+async def test_overload_warns_pushes_back_and_refuses_new_sessions(tmp_path):
+    samples, reference = arctic_passage(4)
+    pcm = pcm16_at(samples, 16000)
+    async with running_server(tmp_path, max_lag_s=1.0, max_backlog_s=3.0) as server:
+        async with connect(url(server, "/v1/listen")) as ws:
+            messages: list[dict] = []
+            reader = asyncio.create_task(collect(ws, messages))
+            backlogs, refusals = [], []
+            for i in range(0, len(pcm), CHUNK):  # as fast as the socket takes it
+                await ws.send(pcm[i : i + CHUNK])
+            drained = False  # the backlog grew and fell back to 0
+            while len(backlogs) < 1000 and not drained:
+                backlogs.append(server.loop.max_backlog_s())
+                if server.overloaded() and len(refusals) < 3:
+                    async with connect(url(server, "/v1/listen")) as other:
+                        try:
+                            first = json.loads(await other.recv())
+                        except ConnectionClosed:
+                            refusals.append((other.close_code, other.close_reason))
+                        else:  # the engine caught up between the check and the handshake
+                            assert first["type"] == "Connected"
+                await asyncio.sleep(0.02)
+                drained = max(backlogs) > 0 and backlogs[-1] == 0
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            await reader
+        rejected = server.metrics.sessions_rejected.get(reason="overloaded")
+    warnings = [m for m in messages if m["type"] == "Warning"]
+    assert warnings and all(m["code"] == "rate_limited" and m["backlog_ms"] > 1000 for m in warnings)
+    # reading paused at 3 s of backlog: never more than that plus the message in hand
+    assert max(backlogs) <= 3.0 + 0.1 + 0.05
+    assert refusals and all(code == 1013 and "overloaded" in reason for code, reason in refusals)
+    assert rejected == len(refusals)
+    # nothing accepted was dropped: every second is accounted for and transcribed
+    assert messages[-1]["type"] == "Metadata" and messages[-1]["duration_ms"] == len(pcm) * 1000 // 32000
+    text = " ".join(m["text"] for m in finals(messages))
+    assert error_rate(reference, text) <= 0.15, text
+
+
+async def test_disconnect_storm_leaves_nothing_behind(tmp_path):
+    samples, _ = arctic_passage(6)
+    pcm = pcm16_at(samples, 16000)
+    num, size = 100, 16 * CHUNK  # 1.6 s each, from different places in the passage
+    config = EngineConfig(pad_seconds=5)  # shorter windows keep 100 drains quick
+    async with running_server(tmp_path, engine_config=config, max_sessions=num,
+                              resume_grace_s=0.2) as server:
+        engine = server.engine
+        sockets = await asyncio.gather(*(connect(url(server, "/v1/listen")) for _ in range(num)))
+        hellos = [json.loads(await ws.recv()) for ws in sockets]
+        assert len(server.sessions) == num
+        session_refs = [weakref.ref(s) for s in server.sessions.values()]
+        for k, ws in enumerate(sockets):
+            start = k * CHUNK * 7 % (len(pcm) - size)
+            for i in range(start, start + size, CHUNK):
+                await ws.send(pcm[i : i + CHUNK])
+        await wait_until(lambda: engine.num_requests == num)
+        request_refs = [weakref.ref(r) for r in engine.scheduler.requests.values()]
+        await asyncio.sleep(0.3)  # mid-stream: some windows decoded, the rest not yet
+        for ws in sockets:
+            ws.transport.abort()
+        await wait_until(lambda: not server.sessions and not engine.num_requests)
+
+        assert server.ctx.resumable == {} and server.loop.sinks == {} and server.loop.received == {}
+        assert engine.scheduler.requests == {} and not engine.scheduler.queue
+        assert engine.framers == {} and engine.policies == {} and engine.pad_ends == {}
+        cache = engine.scheduler.encoder_cache
+        assert cache.request_cached_ids == {} and cache.num_referenced == 0
+        assert set(engine.runner.encoder_cache) <= set(cache.cached)  # no orphaned tensors
+        assert server.store.files == {}
+        del sockets
+        gc.collect()
+        assert all(r() is None for r in session_refs), "a Session object outlived its session"
+        assert all(r() is None for r in request_refs), "a Request outlived its session"
+        # the drained text is stored, not lost
+        stored = [server.store.read(h["session_id"]) for h in hellos]
+    assert sum(bool(records) for records in stored) >= 0.9 * num
