@@ -274,12 +274,20 @@ class Engine:
         update = policy.update(result.words)
         length = end - request.window_start
         if length >= MAX_WINDOW_POSITIONS - self.config.scheduler.decode_interval:
-            # the window is nearly 30 s: commit all but the last seconds
-            forced = policy.force_commit_until(position_to_ms(end - FORCE_KEEP_POSITIONS))
-            update = PolicyUpdate(update.committed + forced.committed, forced.tentative)
-            boundary = ms_to_position(policy.committed_end_ms)
-            if boundary <= request.window_start or result.silence:
-                boundary = end - FORCE_KEEP_POSITIONS
+            # the window is nearly 30 s (a backlog, or no agreement for long): commit its
+            # whole segments and go on from the last one's end timestamp, as offline
+            # Whisper seeks; without one, commit all but the last seconds
+            complete = ms_to_position(result.complete_ms or 0)
+            if not result.silence and request.window_start < complete <= end:
+                whole = policy.flush(result.words)
+                update = PolicyUpdate(update.committed + whole.committed, [])
+                boundary = complete
+            else:
+                forced = policy.force_commit_until(position_to_ms(end - FORCE_KEEP_POSITIONS))
+                update = PolicyUpdate(update.committed + forced.committed, forced.tentative)
+                boundary = ms_to_position(policy.committed_end_ms)
+                if boundary <= request.window_start or result.silence:
+                    boundary = end - FORCE_KEEP_POSITIONS
             self._cut(request, boundary)
         elif length > TRIM_AFTER_POSITIONS or (result.silence and length > FORCE_KEEP_POSITIONS):
             if result.silence:

@@ -36,6 +36,7 @@ class WindowResult:
     final: bool
     silence: bool = False
     error: str | None = None
+    complete_ms: int | None = None  # the words are whole segments up to here (Whisper's seek)
 
 
 @dataclass
@@ -181,14 +182,15 @@ class ModelRunner:
             return WindowResult(window.request_id, [], window.final, silence=True)
         seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
         offset = window.window_start / POSITIONS_PER_SECOND
-        segments, _ = split_segments(decoded.tokens, tokenizer.timestamp_begin, offset, seconds,
-                                     tokenizer)
+        segments, consumed = split_segments(decoded.tokens, tokenizer.timestamp_begin, offset,
+                                            seconds, tokenizer)
         words: list[Word] = []
         limit = offset + seconds
         for segment in segments:
             words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
                                    min(max(segment.end, segment.start), limit))
-        return WindowResult(window.request_id, words, window.final)
+        return WindowResult(window.request_id, words, window.final,
+                            complete_ms=round((offset + min(consumed, seconds)) * 1000))
 
 
 def segment_words(tokenizer, tokens: list[int], start: float, end: float) -> list[Word]:

@@ -120,8 +120,10 @@ class Scheduler:
             num_positions += num_new
             request.num_encoded_items = hi
             encoder_inputs[request_id] = list(new)
-            # final: commit everything; a flush behind a backlog of over 30 s waits for its window
-            final = request.input_finished or 0 < request.flush_position <= end
+            # final: the window reaches the end of the input or the flush position: commit
+            # everything. Behind a backlog of over 30 s, finish and flush wait for their window.
+            final = (request.input_finished and end == request.num_positions) or (
+                0 < request.flush_position <= end)
             windows.append(ScheduledWindow(request_id, start, end, lo, hi, final))
             request.num_decoded_positions = end
         # rotate so sessions share the step fairly

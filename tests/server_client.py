@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -100,3 +101,29 @@ async def next_event(ws: ClientConnection, kind: str, timeout: float = 60.0,
         if seen is not None:
             seen.append(event)
 
+
+
+class ThreadedServer:
+    """A server on its own event loop in a thread, for synchronous clients (hypothesis)."""
+
+    def __init__(self, tmp_path: Path, engine_config: EngineConfig | None = None, **config: Any):
+        self.loop = asyncio.new_event_loop()
+        self.server = Server(Engine(bundle(), engine_config),
+                             ServerConfig(port=0, data_dir=tmp_path / "data", **config))
+        self.thread = threading.Thread(target=self.loop.run_forever, name="server", daemon=True)
+
+    def call(self, coroutine: Any, timeout: float = 120.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def url(self, path: str) -> str:
+        return url(self.server, path)
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        self.call(self.server.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

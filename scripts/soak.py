@@ -1,0 +1,130 @@
+"""Soak: one long /v1/listen session (a recording looped to hours) replayed as fast as the
+server takes it, with the server in this process so its state can be read as it runs.
+
+Every minute of session audio it records the mean engine step time, the process RSS, the
+items on the session timeline and the live ones (encoder input still held), and the
+encoder-cache entries; at the end it prints the table and the last-minute / first-minute
+ratios (goal <= 1.2) and the WER of the whole transcript against the looped reference.
+
+    scripts/dev.sh run python scripts/soak.py [--hours 2] [--pad-seconds 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.config import ServerConfig  # noqa: E402
+from app.replay import replay_session  # noqa: E402
+from app.server import Server  # noqa: E402
+from audio.frames import ITEM_SAMPLES  # noqa: E402
+from audio.io import SAMPLE_RATE  # noqa: E402
+from engine.engine import Engine, EngineConfig  # noqa: E402
+from engine.model import load_bundle  # noqa: E402
+from engine.wer import word_errors  # noqa: E402
+from tests.helpers import concatenated, librivox_path, transcripts  # noqa: E402
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def loop_audio() -> tuple[np.ndarray, str]:
+    """The arctic passage, padded to whole 80 ms items so every loop has the same items."""
+    folder = librivox_path("0890").parent
+    paths = sorted(p for p in transcripts() if p.parent == folder)
+    samples, reference = concatenated(paths, gap_seconds=0.5)
+    samples = samples.numpy()
+    pad = -samples.size % ITEM_SAMPLES
+    return np.concatenate([samples, np.zeros(pad, np.float32)]), reference
+
+
+async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
+    base, reference = loop_audio()
+    loops = int(hours * 3600 * SAMPLE_RATE) // base.size + 1
+    samples = np.tile(base, loops)
+    engine = Engine(load_bundle(device="cpu"), EngineConfig(pad_seconds=pad_seconds))
+    data_dir = Path(tempfile.mkdtemp(prefix="voxtide-soak-"))
+    server = Server(engine, ServerConfig(port=0, data_dir=data_dir, idle_timeout_s=3600))
+    await server.start()
+    rows: list[dict] = []
+    steps = server.metrics.step_time
+
+    async def sample() -> None:
+        last_sum, last_count, started = 0.0, 0, time.monotonic()
+        while True:
+            await asyncio.sleep(0.5)
+            requests = list(engine.scheduler.requests.values())
+            if not requests:
+                continue
+            request = requests[0]
+            minute = request.num_decoded_positions // (50 * 60)
+            if minute <= len(rows):
+                continue
+            count = steps.count - last_count
+            rows.append({
+                "audio_min": minute, "wall_s": round(time.monotonic() - started, 1),
+                "steps": count,
+                "step_ms": round(1000 * (steps.sum - last_sum) / count, 1) if count else None,
+                "rss_mb": round(rss_mb(), 1),
+                "items": len(request.mm_features),
+                "live_items": request.num_encoded_items - request.num_freed_items,
+                "cache_entries": len(engine.scheduler.encoder_cache.cached),
+                "runner_tensors": len(engine.runner.encoder_cache),
+            })
+            last_sum, last_count = steps.sum, steps.count
+            r = rows[-1]
+            print(f"min {minute:4d}  wall {r['wall_s']:7.1f} s  step {r['step_ms']} ms  "
+                  f"rss {r['rss_mb']} MB  items {r['items']}  live {r['live_items']}", flush=True)
+
+    sampler = asyncio.create_task(sample())
+    started = time.monotonic()
+    report = await replay_session(f"ws://127.0.0.1:{server.port}/v1/listen", "soak", samples,
+                                  chunk_ms=chunk_ms, fast=True)
+    wall = time.monotonic() - started
+    sampler.cancel()
+    await server.stop()
+    errors, words = word_errors(" ".join([reference] * loops), report.text)
+    if len(rows) < 3:
+        raise SystemExit("too short to compare minutes; use --hours 0.05 or more")
+    first, last = rows[1], rows[-1]  # minute 0 includes the model's warm-up
+    return {
+        "audio_hours": round(samples.size / SAMPLE_RATE / 3600, 3), "wall_s": round(wall, 1),
+        "rtf": round(wall / (samples.size / SAMPLE_RATE), 4), "wer": round(errors / words, 4),
+        "errors": report.errors, "pad_seconds": pad_seconds,
+        "step_ratio": round(last["step_ms"] / first["step_ms"], 3),
+        "rss_ratio": round(last["rss_mb"] / first["rss_mb"], 3),
+        "live_items_ratio": round(last["live_items"] / max(1, first["live_items"]), 3),
+        "rows": rows, "text": report.text,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--hours", type=float, default=2.0)
+    parser.add_argument("--pad-seconds", type=int, default=None)
+    parser.add_argument("--chunk-ms", type=int, default=1000)
+    parser.add_argument("--json", default=None, help="write the report here")
+    args = parser.parse_args()
+    result = asyncio.run(soak(args.hours, args.pad_seconds, args.chunk_ms))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    summary = {k: v for k, v in result.items() if k not in ("rows", "text")}
+    print(json.dumps(summary))
+    return 0 if not result["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
