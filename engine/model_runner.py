@@ -20,13 +20,15 @@ from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from engine.mm_window import get_mm_features_in_window
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingOptions, DecodingResult, decode_batch
-from engine.model.transcribe import split_segments
+from engine.model.transcribe import TEMPERATURES, decode_with_fallback, split_segments
 from engine.policy import Word
 from engine.processor_cache import ProcessorCache
 from engine.request import POSITIONS_PER_SECOND, Request
 from engine.scheduler import MAX_WINDOW_POSITIONS, ScheduledWindow, SchedulerOutput
 
 log = logging.getLogger(__name__)
+
+COMMIT_POSITIONS = MAX_WINDOW_POSITIONS - POSITIONS_PER_SECOND  # a window this long is committed whole
 
 
 @dataclass
@@ -154,7 +156,12 @@ class ModelRunner:
         try:
             decoded = decode_batch(self.model, self.bundle.tokenizer, features[rows], options,
                                    self.bundle.suppress) if rows else []
-            for b, d in zip(rows, decoded, strict=True):
+            for b, opts, d in zip(rows, options, decoded, strict=True):
+                if self._commits(windows[b]) and d.needs_fallback and not d.is_silence:
+                    # this decode is committed as is (no agreement check): as offline Whisper,
+                    # re-decode a loop, a skip or a budget overrun at rising temperatures
+                    d = decode_with_fallback(self.bundle, features[b : b + 1], opts.prompt,
+                                             opts.audio_seconds, TEMPERATURES[1:])
                 results[b] = self._window_result(windows[b], d)
         except Exception:
             log.exception("batched decoding failed; decoding the %d windows one by one", len(rows))
@@ -169,6 +176,11 @@ class ModelRunner:
                     results[b] = WindowResult(window.request_id, [], window.final,
                                               error=f"{type(e).__name__}: {e}")
         return [results[b] for b in range(len(windows))]
+
+    @staticmethod
+    def _commits(window: ScheduledWindow) -> bool:
+        """Whether the engine commits this window's decode whole (final, or a full window)."""
+        return window.final or window.window_end - window.window_start >= COMMIT_POSITIONS
 
     @staticmethod
     def _options(window: ScheduledWindow, prompts: dict[str, list[int]]) -> DecodingOptions:

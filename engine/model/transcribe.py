@@ -45,10 +45,11 @@ class Transcript:
 
 
 def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: list[int],
-                         audio_seconds: float) -> DecodingResult:
+                         audio_seconds: float, temperatures: tuple[float, ...] = TEMPERATURES
+                         ) -> DecodingResult:
     """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter."""
     result = None
-    for t in TEMPERATURES:
+    for t in temperatures:
         options = DecodingOptions(prompt=prompt if t <= 0.5 else [], temperature=t,
                                   audio_seconds=audio_seconds)
         result = decode(bundle.model, bundle.tokenizer, features, options, bundle.suppress)
