@@ -60,7 +60,8 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
     sent_ms: list[int] = []  # audio ms sent ...
     sent_at: list[float] = []  # ... and when
     finals: list[str] = []
-    async with connect(url, additional_headers=headers or {}, max_size=None) as ws:
+    # no pong deadline: a server pacing this session (backpressure) reads our pong late
+    async with connect(url, additional_headers=headers or {}, max_size=None, ping_timeout=None) as ws:
         start = time.monotonic()
 
         async def read() -> None:

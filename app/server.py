@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 STATIC_FILES = {  # URL path -> file in web/; nothing else is served from disk
     "/": "index.html", "/index.html": "index.html", "/app.js": "app.js",
-    "/worklet.js": "worklet.js", "/style.css": "style.css", "/sample.wav": "sample.wav",
+    "/worklet.js": "worklet.js", "/resampler.js": "resampler.js", "/style.css": "style.css",
+    "/sample.wav": "sample.wav",
 }
 WS_PATHS = ("/v1/listen", "/v1/realtime")
 CLOSE_POLICY_VIOLATION = 1008
@@ -105,6 +106,10 @@ class Server:
             process_request=self.process_request,
             select_subprotocol=lambda _conn, offered: "realtime" if "realtime" in offered else None,
             max_size=self.config.max_message_bytes,
+            # Pings keep NAT paths open, but no pong deadline: while a session's backlog is at
+            # max_backlog_s the server stops reading its socket, so the client's pong waits
+            # behind its audio. Dead clients end by the idle timeout or a failed write.
+            ping_interval=20, ping_timeout=None,
         )
 
     @property

@@ -1,0 +1,153 @@
+"""The web page in headless Chromium (Debian's, driven by Playwright) against a real server.
+
+The microphone is Chromium's fake capture device playing a recording; the page resamples it
+to 16 kHz in its AudioWorklet and streams PCM16 frames. The screenshot of each run is kept
+in $VOXTIDE_ARTIFACTS (default: test-artifacts/).
+"""
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.helpers import concatenated, librivox_path, transcripts
+from tests.server_client import ThreadedServer
+from tests.test_server import error_rate
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("VOXTIDE_ARTIFACTS", "test-artifacts"))
+CHROMIUM_FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
+                  "--use-fake-device-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
+
+playwright = pytest.importorskip("playwright.sync_api")
+if not Path(CHROMIUM).exists():  # scripts/dev.sh installs it; this guards a bare pytest run
+    pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory) -> tuple[Path, str]:
+    """Three arctic sentences with pauses, as a 48 kHz 16-bit WAV (Chromium's capture rate)."""
+    import torchaudio.functional as AF
+
+    paths = [librivox_path(c) for c in ("0890", "0920", "0930")]
+    samples, reference = concatenated(paths, gap_seconds=1.0)
+    path = tmp_path_factory.mktemp("web") / "speech.wav"
+    sf.write(path, AF.resample(samples, 16000, 48000).numpy(), 48000, subtype="PCM_16")
+    assert reference == " ".join(transcripts()[p] for p in paths)
+    return path, reference
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with ThreadedServer(tmp_path_factory.mktemp("web-server")) as running:
+        yield running
+
+
+def browser(p, *flags: str):
+    return p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_FLAGS, *flags])
+
+
+def committed_text(page) -> str:
+    return page.eval_on_selector_all("#committed .final", "spans => spans.map(s => s.lastChild.textContent)"
+                                     ".join(' ')")
+
+
+def audio_received(server: ThreadedServer) -> float:
+    return server.server.metrics.audio_seconds.get()
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def test_microphone_page_transcribes_the_fake_capture(server, recording):
+    wav, reference = recording
+    assert audio_received(server) == 0  # this test runs first on its server
+    with playwright.sync_playwright() as p:
+        chromium = browser(p, f"--use-file-for-fake-audio-capture={wav}%noloop")
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{server.server.port}/")
+        page.click("#start")
+        seconds = sf.info(str(wav)).duration
+        deadline = time.monotonic() + seconds + 60
+        while audio_received(server) < seconds - 0.2:  # Chromium plays the file in real time
+            assert time.monotonic() < deadline, f"only {audio_received(server):.1f} s arrived"
+            page.wait_for_timeout(250)
+        tentative_style = page.eval_on_selector("#tentative", "e => getComputedStyle(e).fontStyle")
+        final_style = page.eval_on_selector("#committed .final", "e => getComputedStyle(e).fontStyle")
+        times = page.eval_on_selector_all("#committed time", "ts => ts.map(t => t.textContent)")
+        screenshot(page, "web-microphone.png")
+        page.click("#stop")
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')",
+                               timeout=60_000)
+        text = committed_text(page)
+        status = page.text_content("#status")
+        chromium.close()
+    assert error_rate(reference, text) <= 0.15, text
+    assert tentative_style == "italic" and final_style == "normal"
+    assert times and times == sorted(times) and all(len(t) == 7 for t in times)  # mm:ss.s, in order
+    assert "capturing at" not in status  # the session ended with its Metadata
+
+
+def test_upload_mode_transcribes_a_file(server, recording):
+    wav, reference = recording
+    with playwright.sync_playwright() as p:
+        chromium = browser(p)
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{server.server.port}/")
+        page.set_input_files("#file", str(wav))
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')",
+                               timeout=120_000)
+        text = committed_text(page)
+        status = page.text_content("#status")
+        screenshot(page, "web-upload.png")
+        chromium.close()
+    seconds = sf.info(str(wav)).duration
+    assert status == f"done: 00:{seconds:04.1f} transcribed", status  # all of the file arrived
+    assert error_rate(reference, text) <= 0.15, text
+
+
+def test_browser_resampler_is_band_limited_and_seamless(server):
+    script = """async () => {
+      const { Resampler } = await import('/resampler.js');
+      const sine = (hz, n) => Float32Array.from({length: n},
+                                                (_, i) => 0.5 * Math.sin(2 * Math.PI * hz * i / 48000));
+      const rms = (x) => Math.sqrt(x.reduce((a, v) => a + v * v, 0) / x.length);
+      const mid = (x) => x.subarray(1600, x.length - 1600);
+      const whole = (x) => { const r = new Resampler(48000); return [...r.push(x), ...r.flush()]; };
+      const pass = Float32Array.from(whole(sine(1000, 96000)));
+      const alias = Float32Array.from(whole(sine(12000, 96000)));
+      const mixed = sine(440, 48000).map((v, i) => v + 0.3 * Math.sin(i * 0.37) + 0.1 * Math.sin(i * 0.05));
+      const once = whole(mixed);
+      const r = new Resampler(48000);
+      let parts = [], at = 0, size = 1;
+      while (at < mixed.length) {
+        parts.push(...r.push(mixed.subarray(at, at + size)));
+        at += size;
+        size = size * 3 % 997 + 1;
+      }
+      parts.push(...r.flush());
+      let diff = 0;
+      for (let i = 0; i < Math.min(once.length, parts.length); i++) {
+        diff = Math.max(diff, Math.abs(once[i] - parts[i]));
+      }
+      return {pass: rms(mid(pass)), alias: rms(mid(alias)), input: rms(sine(1000, 96000)),
+              n: pass.length, diff, lengths: [once.length, parts.length]};
+    }"""
+    with playwright.sync_playwright() as p:
+        chromium = browser(p)
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{server.server.port}/")
+        r = page.evaluate(script)
+        chromium.close()
+    assert r["n"] == 32000  # 2 s at 16 kHz, the held-back tail flushed
+    assert abs(r["pass"] / r["input"] - 1) < 0.01  # 1 kHz passes at unity gain
+    assert r["alias"] / r["input"] < 1e-3  # 12 kHz (above 8 kHz) is removed, not folded to 4 kHz
+    assert r["lengths"][0] == r["lengths"][1] and r["diff"] < 1e-6  # pieces == whole signal
+    assert np.isfinite(r["pass"])

@@ -1,0 +1,220 @@
+// Voxtide page: microphone or file -> 16 kHz PCM16 frames over /v1/listen -> transcript.
+//
+// Committed text (final results, never revised) is shown with its start time; the tentative
+// tail (the latest partial) is shown apart and replaced by each new partial. Frames go out
+// only while the socket's bufferedAmount is under HIGH_WATER (backpressure: the rest waits
+// here, nothing is dropped). A dropped connection is resumed with the session's resume
+// token: the server says how much audio it has, and the frames after that are sent again.
+
+import { OUT_RATE, Resampler } from "./resampler.js";
+
+const FRAME_MS = 50;
+const FRAME_SAMPLES = (OUT_RATE * FRAME_MS) / 1000;
+const HIGH_WATER = 256 * 1024; // bytes waiting in the socket before frames are held back
+const KEEP_SAMPLES = 120 * OUT_RATE; // audio kept for a resume after a dropped connection
+const RETRY_MS = [250, 500, 1000, 2000, 4000, 8000];
+
+const $ = (id) => document.getElementById(id);
+
+function clock(ms) {
+  const s = ms / 1000;
+  return `${String(Math.floor(s / 60)).padStart(2, "0")}:${(s % 60).toFixed(1).padStart(4, "0")}`;
+}
+
+// One /v1/listen session of 16 kHz PCM16, across reconnects.
+class ListenStream {
+  constructor(view) {
+    this.view = view;
+    this.queue = []; // [offset, ArrayBuffer] not yet sent
+    this.sent = []; // [offset, ArrayBuffer] sent, kept until acknowledged by a resume
+    this.offset = 0; // 16 kHz samples handed to send()
+    this.token = null;
+    this.lastSeq = 0;
+    this.closing = false; // CloseStream sent: a close now is the end
+    this.retries = 0;
+    this.done = new Promise((resolve) => (this.resolveDone = resolve));
+    this.connect();
+  }
+
+  url() {
+    const base = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/listen`;
+    const key = $("key").value ? `&api_key=${encodeURIComponent($("key").value)}` : "";
+    return this.token
+      ? `${base}?resume_token=${encodeURIComponent(this.token)}&last_seq=${this.lastSeq}${key}`
+      : `${base}?sample_rate=${OUT_RATE}&encoding=linear16${key}`;
+  }
+
+  connect() {
+    const ws = (this.ws = new WebSocket(this.url()));
+    ws.binaryType = "arraybuffer";
+    ws.onmessage = (e) => this.onMessage(JSON.parse(e.data));
+    ws.onclose = (e) => this.onClose(e);
+  }
+
+  onMessage(m) {
+    if (m.type === "Connected") {
+      this.retries = 0;
+      this.view.status(m.resumed ? "live (resumed)" : "live", "live");
+      if (m.resumed) {
+        // the server has audio_received_samples: send again whatever came after
+        const have = m.audio_received_samples;
+        const again = this.sent.filter(([offset, pcm]) => offset + pcm.byteLength / 2 > have);
+        if (again.length && again[0][0] < have) {
+          const [offset, pcm] = again[0];
+          again[0] = [have, pcm.slice((have - offset) * 2)];
+        }
+        this.queue = again.concat(this.queue);
+        this.sent = [];
+      }
+      this.token = m.resume_token;
+      this.pump();
+    } else if (m.type === "Results") {
+      this.lastSeq = Math.max(this.lastSeq, m.seq);
+      this.view.result(m);
+    } else if (m.type === "Warning" || m.type === "Error") {
+      this.view.notice(`${m.code}: ${m.message}`);
+    } else if (m.type === "Metadata") {
+      this.view.status(`done: ${clock(m.duration_ms)} transcribed`);
+    }
+  }
+
+  onClose(e) {
+    if (this.closing || e.code === 1000) {
+      this.resolveDone();
+      return;
+    }
+    if (this.token && this.retries < RETRY_MS.length) {
+      const wait = RETRY_MS[this.retries++];
+      this.view.status(`connection lost; reconnecting in ${wait} ms`, "error");
+      setTimeout(() => this.connect(), wait);
+      return;
+    }
+    this.view.status(`closed (${e.code}${e.reason ? ": " + e.reason : ""})`, "error");
+    this.resolveDone();
+  }
+
+  send(pcm) {
+    // pcm: Int16Array of 16 kHz samples
+    this.queue.push([this.offset, pcm.buffer]);
+    this.offset += pcm.length;
+    this.pump();
+  }
+
+  pump() {
+    const ws = this.ws;
+    if (ws.readyState !== WebSocket.OPEN || !this.token) return;
+    while (this.queue.length && ws.bufferedAmount < HIGH_WATER) {
+      const frame = this.queue.shift();
+      ws.send(frame[1]);
+      this.sent.push(frame);
+    }
+    let kept = this.sent.reduce((n, [, pcm]) => n + pcm.byteLength / 2, 0);
+    while (kept > KEEP_SAMPLES) kept -= this.sent.shift()[1].byteLength / 2;
+    if (this.queue.length) {
+      clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.pump(), 20);
+    } else if (this.finishing) {
+      this.closing = true;
+      ws.send(JSON.stringify({ type: "CloseStream" }));
+    }
+  }
+
+  finish() {
+    this.finishing = true; // CloseStream once every queued frame is out
+    this.pump();
+    return this.done;
+  }
+}
+
+const view = {
+  status(text, kind = "") {
+    $("status").textContent = text;
+    $("status").className = `status ${kind}`;
+  },
+  notice(text) {
+    $("notice").textContent = text;
+    $("notice").hidden = false;
+  },
+  result(m) {
+    if (m.is_final) {
+      if (m.text) {
+        const span = document.createElement("span");
+        span.className = "final";
+        const time = document.createElement("time");
+        time.textContent = clock(m.start_ms);
+        span.append(time, `${m.text} `);
+        $("committed").append(span);
+      }
+    } else {
+      $("tentative").textContent = m.text;
+    }
+  },
+};
+
+let capture = null; // {context, stream, node, listen}
+
+async function startMicrophone() {
+  $("start").disabled = true;
+  try {
+    const media = await navigator.mediaDevices.getUserMedia({
+      // the raw signal transcribes best: no echo cancelling, noise suppression or gain riding
+      audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+    });
+    const context = new AudioContext();
+    await context.audioWorklet.addModule("/worklet.js");
+    const node = new AudioWorkletNode(context, "voxtide-capture", { processorOptions: { frameMs: FRAME_MS } });
+    const listen = new ListenStream(view);
+    node.port.onmessage = (e) => listen.send(new Int16Array(e.data.pcm));
+    const mute = new GainNode(context, { gain: 0 }); // keeps the graph pulled, plays nothing
+    context.createMediaStreamSource(media).connect(node).connect(mute).connect(context.destination);
+    capture = { context, media, node, listen };
+    $("stop").disabled = false;
+    view.status(`capturing at ${context.sampleRate} Hz -> ${OUT_RATE} Hz`, "live");
+  } catch (err) {
+    view.status(`microphone unavailable: ${err.message}`, "error");
+    $("start").disabled = false;
+  }
+}
+
+async function stopMicrophone() {
+  if (!capture) return;
+  const { context, media, node, listen } = capture;
+  capture = null;
+  $("stop").disabled = true;
+  media.getTracks().forEach((t) => t.stop());
+  node.port.postMessage("flush");
+  await new Promise((r) => setTimeout(r, 50)); // let the last frame arrive
+  await context.close();
+  view.status("finishing...");
+  await listen.finish();
+  $("tentative").textContent = "";
+  $("start").disabled = false;
+}
+
+async function transcribeFile(file) {
+  view.status(`decoding ${file.name}...`);
+  const context = new AudioContext();
+  const audio = await context.decodeAudioData(await file.arrayBuffer());
+  await context.close();
+  const mono = new Float32Array(audio.length); // channels averaged
+  for (let c = 0; c < audio.numberOfChannels; c++) {
+    audio.getChannelData(c).forEach((v, i) => (mono[i] += v / audio.numberOfChannels));
+  }
+  const resampler = new Resampler(audio.sampleRate);
+  const head = resampler.push(mono);
+  const tail = resampler.flush();
+  const samples = new Float32Array(head.length + tail.length);
+  samples.set(head);
+  samples.set(tail, head.length);
+  const listen = new ListenStream(view);
+  for (let i = 0; i < samples.length; i += FRAME_SAMPLES) {
+    const piece = samples.subarray(i, i + FRAME_SAMPLES);
+    listen.send(Int16Array.from(piece, (v) => Math.max(-32768, Math.min(32767, Math.round(v * 32767)))));
+  }
+  await listen.finish();
+  $("tentative").textContent = "";
+}
+
+$("start").onclick = startMicrophone;
+$("stop").onclick = stopMicrophone;
+$("file").onchange = (e) => e.target.files[0] && transcribeFile(e.target.files[0]);
