@@ -64,7 +64,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(host=args.host, port=args.port,
                           api_key=args.api_key or os.environ.get("VOXTIDE_API_KEY") or None,
                           max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes,
-                          idle_timeout_s=args.idle_timeout, data_dir=args.data_dir, fsync=args.fsync)
+                          idle_timeout_s=args.idle_timeout, data_dir=args.data_dir, fsync=args.fsync,
+                          max_lag_s=args.max_lag, max_backlog_s=args.max_backlog,
+                          resume_grace_s=args.resume_grace)
     server = Server(Engine(_load(args), EngineConfig(pad_seconds=args.pad_seconds)), config)
     try:
         asyncio.run(server.serve_forever())
@@ -104,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-timeout", type=float, default=60.0, help="seconds without a message")
     p.add_argument("--data-dir", default="voxtide-data", help="per-session JSONL transcripts")
     p.add_argument("--fsync", action="store_true", help="fsync each transcript line")
+    p.add_argument("--max-lag", type=float, default=15.0,
+                   help="seconds of backlog that earn a rate_limited warning (and refuse new "
+                        "sessions while most sessions are over it)")
+    p.add_argument("--max-backlog", type=float, default=120.0,
+                   help="stop reading a session's socket while it is this many seconds behind")
+    p.add_argument("--resume-grace", type=float, default=30.0,
+                   help="seconds a dropped /v1/listen session waits for a resume (0: none)")
     p.add_argument("--pad-seconds", type=int, default=None,
                    help="pad encoder windows to a multiple of this (faster, slightly higher WER; "
                         "default: 30 s windows)")
