@@ -3,8 +3,9 @@ server takes it, with the server in this process so its state can be read as it 
 
 Every minute of session audio it records the mean engine step time, the process RSS, the
 items on the session timeline and the live ones (encoder input still held), and the
-encoder-cache entries; at the end it prints the table and the last-minute / first-minute
-ratios (goal <= 1.2) and the WER of the whole transcript against the looped reference.
+encoder-cache entries; at the end it prints the last-minute / first-minute ratios (goal
+<= 1.2), the step-time ratio of the last tenth's mean over the first tenth's, and the WER of
+the whole transcript against the looped reference.
 
     scripts/dev.sh run python scripts/soak.py [--hours 2] [--pad-seconds 10] [--json out.json]
 """
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import mean
 
 import numpy as np
 
@@ -100,11 +102,14 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
     if len(rows) < 3:
         raise SystemExit("too short to compare minutes; use --hours 0.05 or more")
     first, last = rows[1], rows[-1]  # minute 0 includes the model's warm-up
+    span = max(1, len(rows) // 10)  # means over the first and last tenth (machines are noisy)
+    head, tail = rows[1 : 1 + span], rows[-span:]
     return {
         "audio_hours": round(samples.size / SAMPLE_RATE / 3600, 3), "wall_s": round(wall, 1),
         "rtf": round(wall / (samples.size / SAMPLE_RATE), 4), "wer": round(errors / words, 4),
         "errors": report.errors, "pad_seconds": pad_seconds,
         "step_ratio": round(last["step_ms"] / first["step_ms"], 3),
+        "step_ratio_tenths": round(mean(r["step_ms"] for r in tail) / mean(r["step_ms"] for r in head), 3),
         "rss_ratio": round(last["rss_mb"] / first["rss_mb"], 3),
         "live_items_ratio": round(last["live_items"] / max(1, first["live_items"]), 3),
         "rows": rows, "text": report.text,
