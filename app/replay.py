@@ -31,6 +31,8 @@ class SessionReport:
     final_latencies: list[float] = field(default_factory=list)
     max_lag_s: float = 0.0
     text: str = ""
+    finals: list[str] = field(default_factory=list)
+    words: list[tuple[int, int, str]] = field(default_factory=list)  # final (start_ms, end_ms, word)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -59,7 +61,6 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
     report = SessionReport(name, samples.size / SAMPLE_RATE)
     sent_ms: list[int] = []  # audio ms sent ...
     sent_at: list[float] = []  # ... and when
-    finals: list[str] = []
     # no pong deadline: a server pacing this session (backpressure) reads our pong late
     async with connect(url, additional_headers=headers or {}, max_size=None, ping_timeout=None) as ws:
         start = time.monotonic()
@@ -75,7 +76,8 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
                 if report.first_partial_s is None and m["text"]:
                     report.first_partial_s = now - start
                 if m["is_final"] and m["words"]:
-                    finals.append(m["text"])
+                    report.finals.append(m["text"])
+                    report.words.extend((w["start_ms"], w["end_ms"], w["word"]) for w in m["words"])
                     i = bisect.bisect_left(sent_ms, m["end_ms"])
                     if i < len(sent_at):
                         report.final_latencies.append(now - sent_at[i])
@@ -92,7 +94,7 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
         await ws.send(json.dumps({"type": "CloseStream"}))
         await reader
         report.wall_seconds = time.monotonic() - start
-    report.text = " ".join(finals)
+    report.text = " ".join(report.finals)
     return report
 
 

@@ -4,8 +4,8 @@ server takes it, with the server in this process so its state can be read as it 
 Every minute of session audio it records the mean engine step time, the process RSS, the
 items on the session timeline and the live ones (encoder input still held), and the
 encoder-cache entries; at the end it prints the last-minute / first-minute ratios (goal
-<= 1.2), the step-time ratio of the last tenth's mean over the first tenth's, and the WER of
-the whole transcript against the looped reference.
+<= 1.2), the step-time ratio of the last tenth's mean over the first tenth's, and the WER
+scored loop by loop (each final word goes to the loop its midpoint falls in).
 
     scripts/dev.sh run python scripts/soak.py [--hours 2] [--pad-seconds 10] [--json out.json]
 """
@@ -53,6 +53,19 @@ def loop_audio() -> tuple[np.ndarray, str]:
     return np.concatenate([samples, np.zeros(pad, np.float32)]), reference
 
 
+def loop_errors(words: list[tuple[int, int, str]], reference: str, loop_ms: int,
+                loops: int) -> tuple[int, int]:
+    """Word errors summed over loops: one alignment per loop, not one over hours of words."""
+    texts: list[list[str]] = [[] for _ in range(loops)]
+    for start_ms, end_ms, text in words:
+        texts[min(loops - 1, (start_ms + end_ms) // 2 // loop_ms)].append(text)
+    total_errors = total_words = 0
+    for parts in texts:
+        errors, words = word_errors(reference, " ".join(parts))
+        total_errors, total_words = total_errors + errors, total_words + words
+    return total_errors, total_words
+
+
 async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
     base, reference = loop_audio()
     loops = int(hours * 3600 * SAMPLE_RATE) // base.size + 1
@@ -98,7 +111,7 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
     wall = time.monotonic() - started
     sampler.cancel()
     await server.stop()
-    errors, words = word_errors(" ".join([reference] * loops), report.text)
+    errors, words = loop_errors(report.words, reference, base.size * 1000 // SAMPLE_RATE, loops)
     if len(rows) < 3:
         raise SystemExit("too short to compare minutes; use --hours 0.05 or more")
     first, last = rows[1], rows[-1]  # minute 0 includes the model's warm-up
@@ -112,7 +125,7 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
         "step_ratio_tenths": round(mean(r["step_ms"] for r in tail) / mean(r["step_ms"] for r in head), 3),
         "rss_ratio": round(last["rss_mb"] / first["rss_mb"], 3),
         "live_items_ratio": round(last["live_items"] / max(1, first["live_items"]), 3),
-        "rows": rows, "text": report.text,
+        "rows": rows, "text": report.text, "words": report.words,
     }
 
 
@@ -126,7 +139,7 @@ def main() -> int:
     result = asyncio.run(soak(args.hours, args.pad_seconds, args.chunk_ms))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-    summary = {k: v for k, v in result.items() if k not in ("rows", "text")}
+    summary = {k: v for k, v in result.items() if k not in ("rows", "text", "words")}
     print(json.dumps(summary))
     return 0 if not result["errors"] else 1
 
