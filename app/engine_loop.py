@@ -135,6 +135,8 @@ class EngineLoop:
     def _record(self, started: float, output: RunnerOutput) -> None:
         self.metrics.step_time.observe(time.perf_counter() - started)
         self.metrics.steps.inc()
+        if output.num_fallbacks:
+            self.metrics.fallbacks.inc(output.num_fallbacks)
         if output.num_encoded_items:
             self.metrics.encoder_batch.observe(output.num_encoded_items)
 

@@ -110,6 +110,8 @@ class Metrics:
         self.encoder_batch = self.histogram("voxtide_encoder_batch_items",
                                             "Audio items per batched encoder call", BATCH_BUCKETS)
         self.steps = self.counter("voxtide_engine_steps_total", "Engine steps run")
+        self.fallbacks = self.counter("voxtide_decode_fallbacks_total",
+                                      "Windows re-decoded at a higher temperature (loops, low confidence)")
 
     def counter(self, name: str, help: str) -> Counter:
         metric = Counter(name, help)

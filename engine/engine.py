@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from audio.frames import ITEM_SAMPLES, STREAM_LOG_FLOOR, AudioFramer
+from audio.frames import CONTEXT_BEFORE, ITEM_SAMPLES, STREAM_LOG_FLOOR, AudioFramer
 from audio.io import SAMPLE_RATE
 from engine.model import ModelBundle
 from engine.model_runner import ModelRunner, RunnerOutput, WindowResult
@@ -51,6 +51,8 @@ class EngineConfig:
     item_samples: int = ITEM_SAMPLES  # 80 ms audio items
     processor_cache_bytes: int = 64 << 20
     pad_seconds: int | None = None  # None: windows padded to 30 s; else to a multiple of this
+    endpoint_ms: int | None = 400  # silence after speech that commits the window whole (None: off)
+    speech_db: float = -45.0  # an item whose RMS level (dBFS) is above this is speech
 
 
 @dataclass
@@ -79,6 +81,7 @@ class StepStats:
     num_windows: int = 0
     num_encoder_calls: int = 0
     num_encoded_items: int = 0
+    num_fallbacks: int = 0
 
 
 class Engine:
@@ -90,6 +93,8 @@ class Engine:
         if self.config.pad_seconds is not None and not 1 <= self.config.pad_seconds <= 30:
             raise ValueError(f"pad_seconds must be 1-30 (or None for 30 s windows), "
                              f"got {self.config.pad_seconds}")
+        if self.config.endpoint_ms is not None and not 80 <= self.config.endpoint_ms <= 10_000:
+            raise ValueError(f"endpoint_ms must be 80-10000 (or None: off), got {self.config.endpoint_ms}")
         self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds)
         self.item_positions = self.config.item_samples // SAMPLES_PER_POSITION  # 4 for 80 ms
         self.framers: dict[str, AudioFramer] = {}
@@ -129,6 +134,23 @@ class Engine:
             offset = request.num_positions
             request.mm_features.append(
                 MMFeature(digest.hexdigest(), PlaceholderRange(offset, self.item_positions), context))
+            self._detect_endpoint(request, context)
+
+    def _detect_endpoint(self, request: Request, context: np.ndarray) -> None:
+        """After an item: mark an endpoint once `endpoint_ms` of silence follow speech (since the
+        last endpoint). The window that reaches it ends there and is final: committed whole and
+        cut after the pause, one decode of a complete utterance with no agreement to wait for."""
+        if self.config.endpoint_ms is None:
+            return
+        core = context[CONTEXT_BEFORE : CONTEXT_BEFORE + self.config.item_samples]
+        level_db = 10.0 * np.log10(float(np.mean(np.square(core, dtype=np.float64))) + 1e-12)
+        end = request.num_positions
+        last = request.endpoints[-1] if request.endpoints else request.window_start
+        if level_db > self.config.speech_db:
+            request.last_speech_end = end
+        elif (request.last_speech_end > last
+              and end - request.last_speech_end >= ms_to_position(self.config.endpoint_ms)):
+            request.endpoints.append(end)
 
     def flush(self, request_id: str) -> None:
         """Decode and commit everything received so far; the session stays open.
@@ -239,7 +261,7 @@ class Engine:
 
     def update_from_output(self, output: RunnerOutput) -> list[EngineOutput]:
         self.last_stats = StepStats(output.num_windows, output.num_encoder_calls,
-                                    output.num_encoded_items)
+                                    output.num_encoded_items, output.num_fallbacks)
         outputs = []
         for result in output.results:
             request = self.scheduler.requests.get(result.request_id)
@@ -257,15 +279,24 @@ class Engine:
 
     def _apply(self, request: Request, result: WindowResult) -> EngineOutput:
         policy = self.policies[request.request_id]
+        if result.temperature > 0.5:
+            policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         end = request.num_decoded_positions
         rid = request.request_id
         if result.final:
+            flushed = (request.input_finished and end == request.num_positions) or (
+                0 < request.flush_position <= end)
             update = policy.flush(result.words)
-            self._cut(request, end)
+            if flushed or end - request.window_start > TRIM_AFTER_POSITIONS:
+                self._cut(request, end)
+            # else a pause ended the utterance: it stays in the window as context for the
+            # next one (a short window alone decodes worse); its words are committed
+            while request.endpoints and request.endpoints[0] <= end:
+                request.endpoints.popleft()
             if request.flush_position <= end:
                 request.flush_position = 0
             done = request.input_finished and request.window_start >= request.num_positions
-            flushed_ms = self.audio_ms(rid, position_to_ms(end))
+            flushed_ms = self.audio_ms(rid, position_to_ms(end)) if flushed else None
             committed = self._audio_words(rid, update.committed)
             if done:
                 request.status = RequestStatus.FINISHED

@@ -39,6 +39,7 @@ class WindowResult:
     silence: bool = False
     error: str | None = None
     complete_ms: int | None = None  # the words are whole segments up to here (Whisper's seek)
+    temperature: float = 0.0  # of the decode kept (above 0: a fallback)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class RunnerOutput:
     num_encoder_calls: int = 0  # batched conv-stem calls (0 or 1 per step)
     num_encoded_items: int = 0  # unique items computed in that call
     num_windows: int = 0  # windows in the batched transformer call
+    num_fallbacks: int = 0  # windows re-decoded at higher temperatures
 
 
 class ModelRunner:
@@ -141,7 +143,9 @@ class ModelRunner:
         length = self.padded_length(max(w.window_end - w.window_start for w in windows))
         x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
         features = self.model.encoder.transformer(x)  # (B, 1500, n_state)
-        result.results += self.decode_windows(windows, features, prompts)
+        decoded = self.decode_windows(windows, features, prompts)
+        result.results += decoded
+        result.num_fallbacks = sum(r.temperature > 0 for r in decoded)
         return result
 
     def decode_windows(self, windows: list[ScheduledWindow], features: torch.Tensor,
@@ -202,7 +206,8 @@ class ModelRunner:
             words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
                                    min(max(segment.end, segment.start), limit))
         return WindowResult(window.request_id, words, window.final,
-                            complete_ms=round((offset + min(consumed, seconds)) * 1000))
+                            complete_ms=round((offset + min(consumed, seconds)) * 1000),
+                            temperature=decoded.temperature)
 
 
 def segment_words(tokenizer, tokens: list[int], start: float, end: float) -> list[Word]:

@@ -37,6 +37,7 @@ class LocalAgreement:
         self.committed: list[Word] = []  # all committed words (append-only)
         self.previous: list[Word] = []  # last hypothesis past the committed point
         self.num_window_committed = 0  # committed words whose audio is in the decode window
+        self.prompt_floor = 0  # committed words before this index are never a prompt
 
     @property
     def committed_end_ms(self) -> int:
@@ -105,11 +106,15 @@ class LocalAgreement:
             self.committed.append(word)
         self.num_window_committed += len(words)
 
+    def reset_prompt(self) -> None:
+        """Later windows get no prompt from the words committed so far."""
+        self.prompt_floor = len(self.committed)
+
     def prompt_tokens(self, max_tokens: int = 200) -> list[int]:
         """Tokens of the committed words before the window (those in it get re-decoded)."""
         out: list[int] = []
         before = len(self.committed) - self.num_window_committed
-        for word in reversed(self.committed[max(0, before - max_tokens) : before]):
+        for word in reversed(self.committed[max(self.prompt_floor, before - max_tokens) : before]):
             if len(out) + len(word.tokens) > max_tokens:
                 break
             out[:0] = word.tokens

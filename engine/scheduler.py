@@ -72,9 +72,14 @@ class Scheduler:
     def is_ready(self, request: Request) -> bool:
         if request.output_token_ids and request.output_token_ids[-1] == -1:
             return False  # in flight: its last window's output is still a placeholder
-        if request.input_finished or request.flush_position:
+        if self.final_due(request):
             return True  # a final decode is due even when no audio came since the last one
         return request.num_positions - request.num_decoded_positions >= self.config.decode_interval
+
+    @staticmethod
+    def final_due(request: Request) -> bool:
+        """Input finished, a flush asked for, or a pause ended the speech in the window."""
+        return request.input_finished or request.flush_position > 0 or bool(request.endpoints)
 
     def schedule(self) -> SchedulerOutput:
         windows: list[ScheduledWindow] = []
@@ -82,7 +87,10 @@ class Scheduler:
         budget = self.config.encoder_budget
         num_positions = 0
         cache = self.encoder_cache
-        for request_id in list(self.queue):
+        # final windows first (they are what a client waits for), then round-robin
+        due = [rid for rid in self.queue if self.final_due(self.requests[rid])]
+        rest = [rid for rid in self.queue if not self.final_due(self.requests[rid])]
+        for request_id in due + rest:
             if len(windows) >= self.config.max_num_seqs:
                 break
             request = self.requests[request_id]
@@ -90,6 +98,9 @@ class Scheduler:
                 continue
             start = request.window_start
             end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
+            endpoint = request.endpoints[0] if request.endpoints else 0
+            if start < endpoint < end:
+                end = endpoint  # the window ends at the pause (audio past it waits, a backlog)
             lo, hi = get_mm_features_in_window(request.mm_features, start, end)
             new = range(max(request.num_encoded_items, lo), hi)
             features = request.mm_features
@@ -120,15 +131,16 @@ class Scheduler:
             num_positions += num_new
             request.num_encoded_items = hi
             encoder_inputs[request_id] = list(new)
-            # final: the window reaches the end of the input or the flush position: commit
-            # everything. Behind a backlog of over 30 s, finish and flush wait for their window.
+            # final: the window reaches the end of the input, the flush position or a pause
+            # after speech: commit everything. Behind a backlog of over 30 s, they wait.
             final = (request.input_finished and end == request.num_positions) or (
-                0 < request.flush_position <= end)
+                0 < request.flush_position <= end) or endpoint == end
             windows.append(ScheduledWindow(request_id, start, end, lo, hi, final))
             request.num_decoded_positions = end
-        # rotate so sessions share the step fairly
-        if windows:
-            self.queue.rotate(-1)
+        # the sessions decoded now go to the back of the queue: sessions share steps fairly
+        for window in windows:
+            self.queue.remove(window.request_id)
+            self.queue.append(window.request_id)
         finished, self.finished_ids = self.finished_ids, []
         return SchedulerOutput(windows, encoder_inputs, num_positions,
                                cache.get_freed_mm_hashes(), finished)
@@ -137,6 +149,8 @@ class Scheduler:
         """Move the window start to a committed boundary and free the items behind it."""
         assert new_start >= request.window_start
         request.window_start = new_start
+        while request.endpoints and request.endpoints[0] <= new_start:
+            request.endpoints.popleft()  # pauses the window has passed
         features = request.mm_features
         lo, _ = get_mm_features_in_window(features, new_start, new_start + 1)
         lo = min(lo, request.num_encoded_items)

@@ -78,7 +78,7 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
     steps = server.metrics.step_time
 
     async def sample() -> None:
-        last_sum, last_count, started = 0.0, 0, time.monotonic()
+        last_sum, last_count, last_fallbacks, started = 0.0, 0, 0.0, time.monotonic()
         while True:
             await asyncio.sleep(0.5)
             requests = list(engine.scheduler.requests.values())
@@ -92,6 +92,7 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
             rows.append({
                 "audio_min": minute, "wall_s": round(time.monotonic() - started, 1),
                 "steps": count,
+                "fallbacks": int(server.metrics.fallbacks.get() - last_fallbacks),
                 "step_ms": round(1000 * (steps.sum - last_sum) / count, 1) if count else None,
                 "rss_mb": round(rss_mb(), 1),
                 "items": len(request.mm_features),
@@ -99,9 +100,10 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
                 "cache_entries": len(engine.scheduler.encoder_cache.cached),
                 "runner_tensors": len(engine.runner.encoder_cache),
             })
-            last_sum, last_count = steps.sum, steps.count
+            last_sum, last_count, last_fallbacks = steps.sum, steps.count, server.metrics.fallbacks.get()
             r = rows[-1]
             print(f"min {minute:4d}  wall {r['wall_s']:7.1f} s  step {r['step_ms']} ms  "
+                  f"fallbacks {r['fallbacks']}  "
                   f"rss {r['rss_mb']} MB  items {r['items']}  live {r['live_items']}", flush=True)
 
     sampler = asyncio.create_task(sample())
@@ -117,12 +119,19 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
     first, last = rows[1], rows[-1]  # minute 0 includes the model's warm-up
     span = max(1, len(rows) // 10)  # means over the first and last tenth (machines are noisy)
     head, tail = rows[1 : 1 + span], rows[-span:]
+    # a step that re-decodes a window at higher temperatures costs several decodes: compare
+    # the minutes without one too (the fallbacks depend on the text, not on session length)
+    clean_head = [r["step_ms"] for r in head if r["fallbacks"] == 0]
+    clean_tail = [r["step_ms"] for r in tail if r["fallbacks"] == 0]
     return {
         "audio_hours": round(samples.size / SAMPLE_RATE / 3600, 3), "wall_s": round(wall, 1),
         "rtf": round(wall / (samples.size / SAMPLE_RATE), 4), "wer": round(errors / words, 4),
         "errors": report.errors, "pad_seconds": pad_seconds,
         "step_ratio": round(last["step_ms"] / first["step_ms"], 3),
         "step_ratio_tenths": round(mean(r["step_ms"] for r in tail) / mean(r["step_ms"] for r in head), 3),
+        "step_ratio_tenths_no_fallback": round(mean(clean_tail) / mean(clean_head), 3)
+        if clean_head and clean_tail else None,
+        "fallbacks_first_last_tenth": [sum(r["fallbacks"] for r in head), sum(r["fallbacks"] for r in tail)],
         "rss_ratio": round(last["rss_mb"] / first["rss_mb"], 3),
         "live_items_ratio": round(last["live_items"] / max(1, first["live_items"]), 3),
         "rows": rows, "text": report.text, "words": report.words,

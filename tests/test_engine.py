@@ -204,3 +204,32 @@ def test_shorter_padding_keeps_the_streamed_words():
     assert errors / n <= 0.1
     with pytest.raises(ValueError, match="pad_seconds"):
         Engine(bundle(), EngineConfig(pad_seconds=0))
+
+
+def test_a_pause_after_speech_commits_the_utterance_without_finishing():
+    samples = np.concatenate([audio(librivox_path("0880")).numpy(), np.zeros(16000, np.float32)])
+    offline = transcribe(bundle(), audio(librivox_path("0880"))).text
+
+    def run(endpoint_ms: int | None) -> tuple[list, list]:
+        engine = Engine(bundle(), EngineConfig(endpoint_ms=endpoint_ms))
+        engine.add_request("s")
+        committed, tentative = [], []
+        for i in range(0, len(samples), 3200):  # 200 ms chunks, a step after each, no finish
+            engine.add_audio("s", samples[i : i + 3200])
+            for out in engine.step():
+                committed += out.committed
+                tentative = out.tentative
+        while engine.has_work():
+            for out in engine.step():
+                committed += out.committed
+                tentative = out.tentative
+        return committed, tentative
+
+    committed, tentative = run(400)
+    assert tentative == []  # the pause ended the utterance: all of it is final
+    assert normalize("".join(w.text for w in committed)) == normalize(offline)
+    assert committed[-1].end_ms <= len(samples) * 1000 // 16000 - 400
+    _, tentative = run(None)  # without endpointing the last words wait for more audio
+    assert tentative
+    with pytest.raises(ValueError, match="endpoint_ms"):
+        Engine(bundle(), EngineConfig(endpoint_ms=10))

@@ -248,3 +248,25 @@ def test_requests_in_flight_are_not_scheduled_again_until_updated():
     fill_placeholders(scheduler.requests["a"].output_token_ids, [7])
     second = scheduler.schedule()
     assert [(w.request_id, w.window_end) for w in second.windows] == [("a", 20)]
+
+
+def test_a_pause_makes_a_final_window_that_ends_there_and_goes_first():
+    config = SchedulerConfig(max_num_seqs=1, encoder_budget=10_000, encoder_cache_size=10_000,
+                             decode_interval=50)
+    scheduler = Scheduler(config)
+    a, b = make_request("a", 40), make_request("b", 40)  # 160 positions each
+    b.endpoints.extend([60, 120])  # pauses after speech at positions 60 and 120
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = scheduler.schedule()  # one window per step: b's final goes before a's partial
+    assert [(w.request_id, w.window_start, w.window_end, w.final) for w in out.windows] == [
+        ("b", 0, 60, True)]  # the window ends at the first pause, not at the audio's end
+    b.output_token_ids.append(-1)  # in flight, as the engine marks it
+    out = scheduler.schedule()
+    assert [(w.request_id, w.window_end, w.final) for w in out.windows] == [("a", 160, False)]
+    fill_placeholders(b.output_token_ids, [0])
+    scheduler.advance_window(b, 60)  # the engine cuts the final window at its end
+    assert list(b.endpoints) == [120]
+    out = scheduler.schedule()
+    assert [(w.request_id, w.window_start, w.window_end, w.final) for w in out.windows] == [
+        ("b", 60, 120, True)]

@@ -95,6 +95,48 @@ def test_microphone_page_transcribes_the_fake_capture(server, recording):
     assert "capturing at" not in status  # the session ended with its Metadata
 
 
+def drop_connection(server: ThreadedServer) -> None:
+    """Cut the session's TCP connection on the server side, with no close frame."""
+    (session,) = server.server.sessions.values()
+    server.loop.call_soon_threadsafe(session.ws.transport.abort)  # on the server's own loop
+
+
+def test_microphone_page_resumes_after_a_dropped_connection(tmp_path, recording):
+    wav, reference = recording
+    seconds = sf.info(str(wav)).duration
+    with ThreadedServer(tmp_path) as server, playwright.sync_playwright() as p:
+        chromium = browser(p, f"--use-file-for-fake-audio-capture={wav}%noloop")
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{server.server.port}/")
+        page.click("#start")
+        deadline = time.monotonic() + seconds + 60
+        while audio_received(server) < 5.0:
+            assert time.monotonic() < deadline
+            page.wait_for_timeout(100)
+        drop_connection(server)
+        page.wait_for_function("document.querySelector('#status').textContent.includes('reconnecting')",
+                               timeout=10_000)
+        page.wait_for_function("document.querySelector('#status').textContent === 'live (resumed)'",
+                               timeout=30_000)
+        while audio_received(server) < seconds - 0.2:
+            assert time.monotonic() < deadline, f"only {audio_received(server):.1f} s arrived"
+            page.wait_for_timeout(250)
+        screenshot(page, "web-resumed.png")
+        page.click("#stop")
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')",
+                               timeout=60_000)
+        text = committed_text(page)
+        status = page.text_content("#status")
+        resumed = server.server.metrics.sessions_resumed.get(protocol="listen")
+        chromium.close()
+    assert resumed == 1
+    # the server counted each sample once (re-sent audio is trimmed to what it had) ...
+    received = float(status.removeprefix("done: 00:").removesuffix(" transcribed"))
+    assert abs(received - seconds) < 1.0, status
+    # ... and the text has no gap and no repeat across the drop
+    assert error_rate(reference, text) <= 0.15, text
+
+
 def test_upload_mode_transcribes_a_file(server, recording):
     wav, reference = recording
     with playwright.sync_playwright() as p:

@@ -1,0 +1,91 @@
+"""Capacity: how many concurrent real-time /v1/listen sessions this machine serves.
+
+For each N, N sessions stream the same passage (the five Sense and Sensibility recordings
+with 0.8 s pauses, 31 s) at real-time pace in 100 ms chunks, starting 0.3 s apart, to a
+server in this process. Printed per N: final latency p50/p95 over all sessions (a final's
+arrival minus when the audio up to its end was sent), the largest lag and the pooled WER.
+The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s.
+
+    scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
+        [--endpoint-ms 400] [--max-batch 4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.config import ServerConfig  # noqa: E402
+from app.replay import percentile, replay_session  # noqa: E402
+from app.server import Server  # noqa: E402
+from engine.engine import Engine, EngineConfig  # noqa: E402
+from engine.model import load_bundle  # noqa: E402
+from engine.scheduler import SchedulerConfig  # noqa: E402
+from engine.wer import word_errors  # noqa: E402
+from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
+
+
+async def run(n: int, config: EngineConfig, bundle, samples, reference: str) -> dict:
+    engine = Engine(bundle, config)
+    data_dir = Path(tempfile.mkdtemp(prefix="voxtide-capacity-"))
+    server = Server(engine, ServerConfig(port=0, data_dir=data_dir, max_sessions=max(16, n)))
+    await server.start()
+    url = f"ws://127.0.0.1:{server.port}/v1/listen"
+
+    async def one(i: int):
+        await asyncio.sleep(0.3 * i)
+        return await replay_session(url, f"s{i}", samples, chunk_ms=100)
+
+    try:
+        reports = await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        await server.stop()
+    latencies = [x for r in reports for x in r.final_latencies]
+    errors = words = 0
+    for r in reports:
+        e, w = word_errors(reference, r.text)
+        errors, words = errors + e, words + w
+    return {"sessions": n, "p50": round(percentile(latencies, 0.5), 2),
+            "p95": round(percentile(latencies, 0.95), 2),
+            "max_lag": round(max(r.max_lag_s for r in reports), 2),
+            "wer": round(errors / words, 4), "server_errors": sum(len(r.errors) for r in reports)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--pad-seconds", type=int, default=None)
+    parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms)
+    parser.add_argument("--max-batch", type=int, default=SchedulerConfig.max_num_seqs)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=0.8)
+    bundle = load_bundle(device="cpu")
+    config = EngineConfig(scheduler=SchedulerConfig(max_num_seqs=args.max_batch),
+                          pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None)
+    print(f"pad_seconds {args.pad_seconds}, endpoint_ms {args.endpoint_ms}, max batch "
+          f"{args.max_batch}, {args.threads} threads, {samples.shape[0] / 16000:.1f} s per session")
+    print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")
+    rows = []
+    for n in args.sessions:
+        row = asyncio.run(run(n, config, bundle, samples.numpy(), reference))
+        rows.append(row)
+        print(f"{n:8d} {row['p50']:6.2f} {row['p95']:6.2f} {row['max_lag']:7.2f} {row['wer']:6.1%}"
+              + (f"  server errors {row['server_errors']}" if row["server_errors"] else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
