@@ -67,7 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           idle_timeout_s=args.idle_timeout, data_dir=args.data_dir, fsync=args.fsync,
                           max_lag_s=args.max_lag, max_backlog_s=args.max_backlog,
                           resume_grace_s=args.resume_grace)
-    server = Server(Engine(_load(args), EngineConfig(pad_seconds=args.pad_seconds)), config)
+    engine_config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None)
+    server = Server(Engine(_load(args), engine_config), config)
     try:
         asyncio.run(server.serve_forever())
     except KeyboardInterrupt:
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pad-seconds", type=int, default=None,
                    help="pad encoder windows to a multiple of this (faster, slightly higher WER; "
                         "default: 30 s windows)")
+    p.add_argument("--endpoint-ms", type=int, default=400,
+                   help="a pause this long after speech commits the utterance at once (0: off)")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -138,19 +138,19 @@ class Engine:
 
     def _detect_endpoint(self, request: Request, context: np.ndarray) -> None:
         """After an item: mark an endpoint once `endpoint_ms` of silence follow speech (since the
-        last endpoint). The window that reaches it ends there and is final: committed whole and
-        cut after the pause, one decode of a complete utterance with no agreement to wait for."""
+        last endpoint). The window that reaches it ends there and is final: committed whole,
+        one decode of a complete utterance with no agreement to wait for."""
         if self.config.endpoint_ms is None:
             return
         core = context[CONTEXT_BEFORE : CONTEXT_BEFORE + self.config.item_samples]
         level_db = 10.0 * np.log10(float(np.mean(np.square(core, dtype=np.float64))) + 1e-12)
         end = request.num_positions
-        last = request.endpoints[-1] if request.endpoints else request.window_start
         if level_db > self.config.speech_db:
             request.last_speech_end = end
-        elif (request.last_speech_end > last
+        elif (request.last_speech_end > max(request.last_endpoint, request.window_start)
               and end - request.last_speech_end >= ms_to_position(self.config.endpoint_ms)):
             request.endpoints.append(end)
+            request.last_endpoint = end
 
     def flush(self, request_id: str) -> None:
         """Decode and commit everything received so far; the session stays open.
@@ -227,7 +227,10 @@ class Engine:
     def step(self) -> list[EngineOutput]:
         """Schedule, execute and update in one go (what a synchronous caller wants)."""
         step = self.schedule()
-        return self.update_from_output(self.execute(step)) if step is not None else []
+        if step is None:
+            self.last_stats = StepStats()  # nothing ran
+            return []
+        return self.update_from_output(self.execute(step))
 
     def schedule(self) -> StepInput | None:
         """Pick this step's windows; None when there is nothing to do.

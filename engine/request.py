@@ -81,7 +81,8 @@ class Request:
     input_finished: bool = False  # no more audio will come
     flush_position: int = 0  # commit everything before this position (0: no flush pending)
     last_speech_end: int = 0  # end of the last item loud enough to be speech
-    endpoints: deque[int] = field(default_factory=deque)  # pauses after speech, ahead of the window
+    endpoints: deque[int] = field(default_factory=deque)  # pauses after speech, not yet decoded
+    last_endpoint: int = 0  # the latest pause found (a pause needs speech after this)
     window_start: int = 0  # first position of the decode window (a committed boundary)
     num_decoded_positions: int = 0  # window end at the last decode
     num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed

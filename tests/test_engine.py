@@ -210,7 +210,11 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
     samples = np.concatenate([audio(librivox_path("0880")).numpy(), np.zeros(16000, np.float32)])
     offline = transcribe(bundle(), audio(librivox_path("0880"))).text
 
+    speech_samples = len(samples) - 16000
+    silence_windows = 0
+
     def run(endpoint_ms: int | None) -> tuple[list, list]:
+        nonlocal silence_windows
         engine = Engine(bundle(), EngineConfig(endpoint_ms=endpoint_ms))
         engine.add_request("s")
         committed, tentative = [], []
@@ -219,6 +223,7 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
             for out in engine.step():
                 committed += out.committed
                 tentative = out.tentative
+            silence_windows += engine.last_stats.num_windows if i >= speech_samples + 3200 else 0
         while engine.has_work():
             for out in engine.step():
                 committed += out.committed
@@ -226,6 +231,7 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
         return committed, tentative
 
     committed, tentative = run(400)
+    assert silence_windows <= 2  # one final at the pause (and a partial): the silence is not re-decoded
     assert tentative == []  # the pause ended the utterance: all of it is final
     assert normalize("".join(w.text for w in committed)) == normalize(offline)
     assert committed[-1].end_ms <= len(samples) * 1000 // 16000 - 400
