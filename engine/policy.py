@@ -83,8 +83,13 @@ class LocalAgreement:
         return PolicyUpdate(newly, list(self.previous))
 
     def flush(self, hypothesis: list[Word] | None = None) -> PolicyUpdate:
-        """Commit everything: the given final hypothesis, or the last tentative tail."""
-        words = self._trim(hypothesis) if hypothesis is not None else self.previous
+        """Commit everything: the given final hypothesis, or the last tentative tail.
+
+        A final decode with nothing new (a short window decoded as silence, or a last word
+        dropped) commits the last tentative tail instead: words seen are not lost."""
+        words = self._trim(hypothesis) if hypothesis is not None else []
+        if not words:
+            words = self.previous
         self._commit(words)
         self.previous = []
         return PolicyUpdate(list(words), [])

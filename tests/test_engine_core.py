@@ -4,6 +4,7 @@ import random
 
 from engine.encoder_cache import EncoderCacheManager
 from engine.mm_window import get_mm_features_in_window
+from engine.policy import LocalAgreement, Word
 from engine.request import (
     MMFeature,
     PlaceholderRange,
@@ -270,3 +271,23 @@ def test_a_pause_makes_a_final_window_that_ends_there_and_goes_first():
     out = scheduler.schedule()
     assert [(w.request_id, w.window_start, w.window_end, w.final) for w in out.windows] == [
         ("b", 60, 120, True)]
+
+
+def words(text: str, start_ms: int = 0, step_ms: int = 300) -> list[Word]:
+    return [Word(f" {w}", start_ms + i * step_ms, start_ms + (i + 1) * step_ms)
+            for i, w in enumerate(text.split())]
+
+
+def test_local_agreement_commits_agreed_words_and_a_final_never_drops_the_tentative_tail():
+    policy = LocalAgreement()
+    assert policy.update(words("he might even")).committed == []
+    update = policy.update(words("he might even have been"))
+    assert [w.key for w in update.committed] == ["he", "might", "even"]
+    assert [w.key for w in update.tentative] == ["have", "been"]
+    # the final decode of a window cut short hears nothing: the tentative words are kept
+    assert [w.key for w in policy.flush([]).committed] == ["have", "been"]
+    assert [w.key for w in policy.committed] == ["he", "might", "even", "have", "been"]
+    # a final decode that repeats only committed words commits the tentative tail too
+    policy.update(words("he might even have been made amiable"))
+    assert [w.key for w in policy.flush(words("he might even have been")).committed] == ["made", "amiable"]
+    assert policy.flush([]).committed == []  # nothing tentative left: nothing to commit
