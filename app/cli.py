@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pad-seconds", type=int, default=None,
                    help="pad encoder windows to a multiple of this (faster, slightly higher WER; "
                         "default: 30 s windows)")
-    p.add_argument("--endpoint-ms", type=int, default=400,
+    p.add_argument("--endpoint-ms", type=int, default=250,
                    help="a pause this long after speech commits the utterance at once (0: off)")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)

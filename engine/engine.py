@@ -51,8 +51,9 @@ class EngineConfig:
     item_samples: int = ITEM_SAMPLES  # 80 ms audio items
     processor_cache_bytes: int = 64 << 20
     pad_seconds: int | None = None  # None: windows padded to 30 s; else to a multiple of this
-    endpoint_ms: int | None = 400  # silence after speech that commits the window whole (None: off)
+    endpoint_ms: int | None = 250  # silence after speech that commits the window whole (None: off)
     speech_db: float = -45.0  # an item whose RMS level (dBFS) is above this is speech
+    agree_after_ms: int = 8000  # with endpointing: agreement commits only past this much audio
 
 
 @dataclass
@@ -134,19 +135,20 @@ class Engine:
             offset = request.num_positions
             request.mm_features.append(
                 MMFeature(digest.hexdigest(), PlaceholderRange(offset, self.item_positions), context))
-            self._detect_endpoint(request, context)
+            self._track_speech(request, context)
 
-    def _detect_endpoint(self, request: Request, context: np.ndarray) -> None:
-        """After an item: mark an endpoint once `endpoint_ms` of silence follow speech (since the
-        last endpoint). The window that reaches it ends there and is final: committed whole,
-        one decode of a complete utterance with no agreement to wait for."""
-        if self.config.endpoint_ms is None:
-            return
+    def _track_speech(self, request: Request, context: np.ndarray) -> None:
+        """After an item: note where speech last was (the scheduler decodes no silence), and
+        mark an endpoint once `endpoint_ms` of silence follow speech (since the last endpoint).
+        The window that reaches it ends there and is final: committed whole, one decode of a
+        complete utterance with no agreement to wait for."""
         core = context[CONTEXT_BEFORE : CONTEXT_BEFORE + self.config.item_samples]
         level_db = 10.0 * np.log10(float(np.mean(np.square(core, dtype=np.float64))) + 1e-12)
         end = request.num_positions
         if level_db > self.config.speech_db:
             request.last_speech_end = end
+        elif self.config.endpoint_ms is None:
+            return
         elif (request.last_speech_end > max(request.last_endpoint, request.window_start)
               and end - request.last_speech_end >= ms_to_position(self.config.endpoint_ms)):
             request.endpoints.append(end)
@@ -305,7 +307,10 @@ class Engine:
                 request.status = RequestStatus.FINISHED
                 self._drop(rid)
             return EngineOutput(rid, committed, [], finished=done, flushed_ms=flushed_ms)
-        update = policy.update(result.words)
+        # with endpointing, pauses commit; agreement commits only long unbroken speech
+        agree_after = self.config.agree_after_ms if self.config.endpoint_ms is not None else 0
+        pending_ms = position_to_ms(end) - policy.committed_end_ms
+        update = policy.update(result.words, commit=pending_ms > agree_after)
         length = end - request.window_start
         if length >= MAX_WINDOW_POSITIONS - self.config.scheduler.decode_interval:
             # the window is nearly 30 s (a backlog, or no agreement for long): commit its

@@ -70,8 +70,12 @@ class LocalAgreement:
             n -= 1
         self.num_window_committed = n
 
-    def update(self, hypothesis: list[Word]) -> PolicyUpdate:
+    def update(self, hypothesis: list[Word], commit: bool = True) -> PolicyUpdate:
+        """A new hypothesis of the window; `commit=False` only refreshes the tentative tail."""
         words = self._trim(hypothesis)
+        if not commit:
+            self.previous = words
+            return PolicyUpdate([], list(words))
         agreed = 0
         for old, new in zip(self.previous, words, strict=False):
             if old.key != new.key or not new.key:

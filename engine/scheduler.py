@@ -24,6 +24,7 @@ class SchedulerConfig:
     encoder_budget: int = 50 * 60  # new positions encoded per step (60 s of audio)
     encoder_cache_size: int = 50 * 60 * 64  # positions held in the encoder cache
     decode_interval: int = POSITIONS_PER_SECOND  # new positions between two decodes (1 s)
+    decode_only_speech: bool = True  # no partial decode unless speech came since the last one
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Scheduler:
             return False  # in flight: its last window's output is still a placeholder
         if self.final_due(request):
             return True  # a final decode is due even when no audio came since the last one
+        if self.config.decode_only_speech and request.last_speech_end <= request.num_decoded_positions:
+            return False  # only silence since the last decode: nothing to show, nothing to spend
         return request.num_positions - request.num_decoded_positions >= self.config.decode_interval
 
     @staticmethod

@@ -67,6 +67,7 @@ def main() -> int:
     parser.add_argument("--max-batch", type=int, default=SchedulerConfig.max_num_seqs)
     parser.add_argument("--decode-interval-ms", type=int, default=1000,
                         help="new audio between two decodes of a session")
+    parser.add_argument("--agree-after-ms", type=int, default=EngineConfig.agree_after_ms)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -76,9 +77,11 @@ def main() -> int:
     scheduler = SchedulerConfig(max_num_seqs=args.max_batch,
                                 decode_interval=args.decode_interval_ms * 50 // 1000)
     config = EngineConfig(scheduler=scheduler,
-                          pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None)
+                          pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
+                          agree_after_ms=args.agree_after_ms)
     print(f"pad_seconds {args.pad_seconds}, endpoint_ms {args.endpoint_ms}, max batch "
-          f"{args.max_batch}, decode interval {args.decode_interval_ms} ms, {args.threads} threads, "
+          f"{args.max_batch}, decode interval {args.decode_interval_ms} ms, agree after "
+          f"{args.agree_after_ms} ms, {args.threads} threads, "
           f"{samples.shape[0] / 16000:.1f} s per session")
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")
     rows = []

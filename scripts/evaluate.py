@@ -104,8 +104,8 @@ def recordings() -> list[Recording]:
     return out
 
 
-async def stream_all(rows: list[Row], parallel: int, fast: bool, pad_seconds: int | None) -> None:
-    engine = Engine(load_bundle(device="cpu"), EngineConfig(pad_seconds=pad_seconds))
+async def stream_all(rows: list[Row], parallel: int, fast: bool, config: EngineConfig) -> None:
+    engine = Engine(load_bundle(device="cpu"), config)
     data_dir = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
     server = Server(engine, ServerConfig(port=0, data_dir=data_dir, max_sessions=max(16, parallel)))
     await server.start()
@@ -203,6 +203,7 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=1, help="streaming sessions at once")
     parser.add_argument("--fast", action="store_true", help="stream as fast as possible")
     parser.add_argument("--pad-seconds", type=int, default=None)
+    parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms, help="0: off")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip", nargs="*", default=[], choices=["stream", "offline", "fw-int8"])
     parser.add_argument("--json", default=None, help="write the figures here")
@@ -211,7 +212,8 @@ def main() -> int:
     rows = [Row(r) for r in recordings()]
     systems = []
     if "stream" not in args.skip:
-        asyncio.run(stream_all(rows, args.parallel, args.fast, args.pad_seconds))
+        config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None)
+        asyncio.run(stream_all(rows, args.parallel, args.fast, config))
         systems.append("stream")
     if "offline" not in args.skip:
         offline_all(rows)
@@ -219,7 +221,8 @@ def main() -> int:
     if "fw-int8" not in args.skip and faster_whisper_all(rows, args.threads):
         systems.append("fw-int8")
     mode = "fast" if args.fast else "real time"
-    print(f"streaming: {mode}, {args.parallel} at once, 100 ms chunks; {args.threads} threads")
+    print(f"streaming: {mode}, {args.parallel} at once, 100 ms chunks, endpoint {args.endpoint_ms} ms, "
+          f"pad {args.pad_seconds}; {args.threads} threads")
     print(table(rows, systems))
     if args.json:
         Path(args.json).write_text(json.dumps([{

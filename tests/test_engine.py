@@ -127,7 +127,13 @@ def test_abort_releases_everything_and_silence_dedupes():
     engine = Engine(bundle())
     engine.add_request("r")
     engine.add_audio("r", np.zeros(16000 * 3, dtype=np.float32))
+    assert engine.step() == [] and not engine.has_work()  # silence alone is never decoded
+    engine.abort("r")
+    engine = Engine(bundle(), EngineConfig(scheduler=SchedulerConfig(decode_only_speech=False)))
+    engine.add_request("r")
+    engine.add_audio("r", np.zeros(16000 * 3, dtype=np.float32))
     engine.step()
+    assert engine.last_stats.num_windows == 1
     cache = engine.scheduler.encoder_cache
     assert len(cache.get_cached_input_ids("r")) <= 3  # silence items share a hash
     engine.abort("r")

@@ -20,6 +20,7 @@ def make_request(request_id: str, num_items: int, length: int = 4, hashes=None) 
     for i in range(num_items):
         mm_hash = hashes[i] if hashes else f"{request_id}-{i}"
         request.mm_features.append(MMFeature(mm_hash, PlaceholderRange(i * length, length)))
+    request.last_speech_end = request.num_positions  # every item is speech (the engine measures it)
     return request
 
 
@@ -28,6 +29,7 @@ def add_items(request: Request, num_items: int, length: int = 4) -> None:
         i = request.num_items
         request.mm_features.append(
             MMFeature(f"{request.request_id}-{i}", PlaceholderRange(request.num_positions, length)))
+    request.last_speech_end = request.num_positions
 
 
 def brute_window(features, start, end):
@@ -291,3 +293,20 @@ def test_local_agreement_commits_agreed_words_and_a_final_never_drops_the_tentat
     policy.update(words("he might even have been made amiable"))
     assert [w.key for w in policy.flush(words("he might even have been")).committed] == ["made", "amiable"]
     assert policy.flush([]).committed == []  # nothing tentative left: nothing to commit
+
+
+def test_only_silence_since_the_last_decode_is_not_decoded_again():
+    scheduler = Scheduler(SchedulerConfig(decode_interval=50))
+    request = make_request("a", 20)  # 80 positions of speech
+    scheduler.add_request(request)
+    assert [w.window_end for w in scheduler.schedule().windows] == [80]
+    add_items(request, 20)
+    request.last_speech_end = 80  # the new second is silence
+    assert scheduler.schedule().windows == []
+    request.last_speech_end = 120  # speech again
+    assert [w.window_end for w in scheduler.schedule().windows] == [160]
+    config = SchedulerConfig(decode_interval=50, decode_only_speech=False)
+    scheduler, request = Scheduler(config), make_request("b", 20)
+    request.last_speech_end = 0
+    scheduler.add_request(request)
+    assert [w.window_end for w in scheduler.schedule().windows] == [80]
