@@ -1,7 +1,8 @@
 """Evaluate: WER and latency of Voxtide streaming vs offline, with faster-whisper int8 as peer.
 
-The set: the pocketsphinx-testdata recordings (Sense and Sensibility passages, concatenated
-in different orders into long sessions; the card-game phrases) and espeak-ng passages. Each
+The set: the pocketsphinx-testdata recordings (the five Sense and Sensibility passages once,
+then repeated in different orders into longer sessions; the card-game phrases) and espeak-ng
+passages. Each
 recording goes through
 - `stream`: a /v1/listen session on a server in this process, at real-time pace in 100 ms
   chunks (`--fast`: as fast as the socket takes it); WER of the finals, final latency
@@ -91,7 +92,8 @@ def espeak(text: str, folder: Path, name: str) -> np.ndarray:
 
 def recordings() -> list[Recording]:
     paths = [librivox_path(c) for c in ARCTIC_IDS]
-    out = []
+    samples, reference = concatenated(paths, gap_seconds=0.8)
+    out = [Recording("austen-once", samples.numpy(), reference)]  # each passage once
     for i, order in enumerate(([0, 1, 2, 3, 4, 4, 3, 2, 1, 0, 2, 0, 4, 1, 3],
                                [3, 1, 4, 0, 2, 1, 3, 0, 4, 2])):
         samples, reference = concatenated([paths[j] for j in order], gap_seconds=0.8)

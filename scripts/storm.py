@@ -1,0 +1,92 @@
+"""Disconnect storms and memory: rounds of N /v1/listen sessions that drop mid-stream (no
+close frame), with the process RSS after each round once the server has drained them.
+
+A leak shows as RSS growing round after round; the first round raises RSS once (the
+allocator keeps its high-water mark, the encoder cache fills), later rounds should not.
+
+    scripts/dev.sh run python scripts/storm.py [--rounds 5] [--sessions 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from websockets.asyncio.client import connect  # noqa: E402
+
+from app.config import ServerConfig  # noqa: E402
+from app.server import Server  # noqa: E402
+from engine.engine import Engine, EngineConfig  # noqa: E402
+from engine.model import load_bundle  # noqa: E402
+from scripts.soak import rss_mb  # noqa: E402
+from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
+from tests.server_client import pcm16_at  # noqa: E402
+
+CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
+
+
+async def drained(server: Server) -> None:
+    while server.sessions or server.engine.num_requests:
+        await asyncio.sleep(0.1)
+
+
+async def storm(url: str, pcm: bytes, num: int, size: int) -> None:
+    sockets = await asyncio.gather(*(connect(url) for _ in range(num)))
+    for ws in sockets:
+        await ws.recv()  # Connected
+    for k, ws in enumerate(sockets):
+        start = k * CHUNK * 7 % (len(pcm) - size) // CHUNK * CHUNK
+        for i in range(start, start + size, CHUNK):
+            await ws.send(pcm[i : i + CHUNK])
+    await asyncio.sleep(0.5)  # mid-stream
+    for ws in sockets:
+        ws.transport.abort()
+
+
+async def main_async(rounds: int, num: int) -> list[float]:
+    samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=0.5)
+    pcm = pcm16_at(samples, 16000)
+    engine = Engine(load_bundle(device="cpu"), EngineConfig(pad_seconds=5))
+    config = ServerConfig(port=0, data_dir=Path(tempfile.mkdtemp(prefix="voxtide-storm-")),
+                          max_sessions=num, resume_grace_s=0.2)
+    server = Server(engine, config)
+    await server.start()
+    url = f"ws://127.0.0.1:{server.port}/v1/listen"
+    try:
+        await storm(url, pcm, 2, 16 * CHUNK)  # warm-up: the model's first steps
+        await drained(server)
+        gc.collect()
+        sizes = [rss_mb()]
+        print(f"baseline (after a 2-session warm-up): {sizes[0]:.1f} MB", flush=True)
+        for r in range(rounds):
+            await storm(url, pcm, num, 16 * CHUNK)
+            await drained(server)
+            gc.collect()
+            sizes.append(rss_mb())
+            print(f"after round {r + 1} ({num} dropped sessions): {sizes[-1]:.1f} MB, encoder cache "
+                  f"{len(engine.scheduler.encoder_cache.cached)} entries, "
+                  f"{len(engine.runner.encoder_cache)} tensors", flush=True)
+    finally:
+        await server.stop()
+    return sizes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sessions", type=int, default=100)
+    args = parser.parse_args()
+    sizes = asyncio.run(main_async(args.rounds, args.sessions))
+    print(f"RSS last round / first round: {sizes[-1] / sizes[1]:.3f}; "
+          f"last round / baseline: {sizes[-1] / sizes[0]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
