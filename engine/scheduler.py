@@ -91,9 +91,8 @@ class Scheduler:
         num_positions = 0
         cache = self.encoder_cache
         # final windows first (they are what a client waits for), then round-robin
-        due = [rid for rid in self.queue if self.final_due(self.requests[rid])]
-        rest = [rid for rid in self.queue if not self.final_due(self.requests[rid])]
-        for request_id in due + rest:
+        order = sorted(self.queue, key=lambda rid: not self.final_due(self.requests[rid]))
+        for request_id in order:
             if len(windows) >= self.config.max_num_seqs:
                 break
             request = self.requests[request_id]

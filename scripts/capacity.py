@@ -23,31 +23,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.config import ServerConfig  # noqa: E402
 from app.replay import percentile, replay_session  # noqa: E402
-from app.server import Server  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.model import load_bundle  # noqa: E402
+from engine.engine import EngineConfig  # noqa: E402
 from engine.scheduler import SchedulerConfig  # noqa: E402
 from engine.wer import word_errors  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
+from tests.server_client import running_server, url  # noqa: E402
 
 
-async def run(n: int, config: EngineConfig, bundle, samples, reference: str) -> dict:
-    engine = Engine(bundle, config)
-    data_dir = Path(tempfile.mkdtemp(prefix="voxtide-capacity-"))
-    server = Server(engine, ServerConfig(port=0, data_dir=data_dir, max_sessions=max(16, n)))
-    await server.start()
-    url = f"ws://127.0.0.1:{server.port}/v1/listen"
+async def run(n: int, config: EngineConfig, samples, reference: str) -> dict:
+    folder = Path(tempfile.mkdtemp(prefix="voxtide-capacity-"))
+    async with running_server(folder, config, max_sessions=max(16, n)) as server:
 
-    async def one(i: int):
-        await asyncio.sleep(0.3 * i)
-        return await replay_session(url, f"s{i}", samples, chunk_ms=100)
+        async def one(i: int):
+            await asyncio.sleep(0.3 * i)
+            return await replay_session(url(server, "/v1/listen"), f"s{i}", samples, chunk_ms=100)
 
-    try:
         reports = await asyncio.gather(*(one(i) for i in range(n)))
-    finally:
-        await server.stop()
     latencies = [x for r in reports for x in r.final_latencies]
     errors = words = 0
     for r in reports:
@@ -73,7 +65,6 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=0.8)
-    bundle = load_bundle(device="cpu")
     scheduler = SchedulerConfig(max_num_seqs=args.max_batch,
                                 decode_interval=args.decode_interval_ms * 50 // 1000)
     config = EngineConfig(scheduler=scheduler,
@@ -86,7 +77,7 @@ def main() -> int:
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")
     rows = []
     for n in args.sessions:
-        row = asyncio.run(run(n, config, bundle, samples.numpy(), reference))
+        row = asyncio.run(run(n, config, samples.numpy(), reference))
         rows.append(row)
         print(f"{n:8d} {row['p50']:6.2f} {row['p95']:6.2f} {row['max_lag']:7.2f} {row['wer']:6.1%}"
               + (f"  server errors {row['server_errors']}" if row["server_errors"] else ""), flush=True)

@@ -33,16 +33,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.config import ServerConfig  # noqa: E402
 from app.replay import percentile, replay_session  # noqa: E402
 from app.server import Server  # noqa: E402
 from audio.io import SAMPLE_RATE, load_audio  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.model import load_bundle  # noqa: E402
+from engine.engine import EngineConfig  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
 from engine.wer import word_errors  # noqa: E402
-from tests.helpers import ARCTIC_IDS, CARDS, concatenated, librivox_path  # noqa: E402
+from tests.helpers import ARCTIC_IDS, CARDS, bundle, concatenated, librivox_path  # noqa: E402
+from tests.server_client import running_server, url  # noqa: E402
 
 # Passages for espeak-ng (written for this set; plain words, no numbers or names to spell).
 PASSAGES = {
@@ -107,35 +106,29 @@ def recordings() -> list[Recording]:
 
 
 async def stream_all(rows: list[Row], parallel: int, fast: bool, config: EngineConfig) -> None:
-    engine = Engine(load_bundle(device="cpu"), config)
-    data_dir = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
-    server = Server(engine, ServerConfig(port=0, data_dir=data_dir, max_sessions=max(16, parallel)))
-    await server.start()
-    url = f"ws://127.0.0.1:{server.port}/v1/listen"
     gate = asyncio.Semaphore(parallel)
 
-    async def one(row: Row) -> None:
+    async def one(server: Server, row: Row) -> None:
         async with gate:
-            report = await replay_session(url, row.recording.name, row.recording.samples,
-                                          chunk_ms=100, fast=fast)
+            report = await replay_session(url(server, "/v1/listen"), row.recording.name,
+                                          row.recording.samples, chunk_ms=100, fast=fast)
         if report.errors:
             raise RuntimeError(f"{row.recording.name}: server errors {report.errors}")
         row.errors["stream"] = word_errors(row.recording.reference, report.text)
         row.seconds["stream"] = report.wall_seconds
         row.latencies, row.first_partial_s = report.final_latencies, report.first_partial_s
 
-    try:
-        await asyncio.gather(*(one(row) for row in rows))
-    finally:
-        await server.stop()
+    folder = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
+    async with running_server(folder, config, max_sessions=max(16, parallel)) as server:
+        await asyncio.gather(*(one(server, row) for row in rows))
 
 
 def offline_all(rows: list[Row]) -> None:
-    bundle = load_bundle(device="cpu")
-    transcribe(bundle, torch.from_numpy(rows[0].recording.samples[: SAMPLE_RATE * 3]))  # warm-up
+    model = bundle()  # the streaming server's model too
+    transcribe(model, torch.from_numpy(rows[0].recording.samples[: SAMPLE_RATE * 3]))  # warm-up
     for row in rows:
         start = time.perf_counter()
-        text = transcribe(bundle, torch.from_numpy(row.recording.samples)).text
+        text = transcribe(model, torch.from_numpy(row.recording.samples)).text
         row.seconds["offline"] = time.perf_counter() - start
         row.errors["offline"] = word_errors(row.recording.reference, text)
 

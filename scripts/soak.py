@@ -25,15 +25,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.config import ServerConfig  # noqa: E402
 from app.replay import replay_session  # noqa: E402
 from app.server import Server  # noqa: E402
 from audio.frames import ITEM_SAMPLES  # noqa: E402
 from audio.io import SAMPLE_RATE  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.model import load_bundle  # noqa: E402
+from engine.engine import EngineConfig  # noqa: E402
 from engine.wer import word_errors  # noqa: E402
 from tests.helpers import concatenated, librivox_path, transcripts  # noqa: E402
+from tests.server_client import running_server, url  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -70,10 +69,14 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
     base, reference = loop_audio()
     loops = int(hours * 3600 * SAMPLE_RATE) // base.size + 1
     samples = np.tile(base, loops)
-    engine = Engine(load_bundle(device="cpu"), EngineConfig(pad_seconds=pad_seconds))
-    data_dir = Path(tempfile.mkdtemp(prefix="voxtide-soak-"))
-    server = Server(engine, ServerConfig(port=0, data_dir=data_dir, idle_timeout_s=3600))
-    await server.start()
+    folder = Path(tempfile.mkdtemp(prefix="voxtide-soak-"))
+    async with running_server(folder, EngineConfig(pad_seconds=pad_seconds), idle_timeout_s=3600) as server:
+        return await soak_with(server, base, reference, loops, samples, pad_seconds, chunk_ms)
+
+
+async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int, samples: np.ndarray,
+                    pad_seconds: int | None, chunk_ms: int) -> dict:
+    engine = server.engine
     rows: list[dict] = []
     steps = server.metrics.step_time
 
@@ -108,11 +111,9 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
 
     sampler = asyncio.create_task(sample())
     started = time.monotonic()
-    report = await replay_session(f"ws://127.0.0.1:{server.port}/v1/listen", "soak", samples,
-                                  chunk_ms=chunk_ms, fast=True)
+    report = await replay_session(url(server, "/v1/listen"), "soak", samples, chunk_ms=chunk_ms, fast=True)
     wall = time.monotonic() - started
     sampler.cancel()
-    await server.stop()
     errors, words = loop_errors(report.words, reference, base.size * 1000 // SAMPLE_RATE, loops)
     if len(rows) < 3:
         raise SystemExit("too short to compare minutes; use --hours 0.05 or more")

@@ -20,13 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from websockets.asyncio.client import connect  # noqa: E402
 
-from app.config import ServerConfig  # noqa: E402
 from app.server import Server  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.model import load_bundle  # noqa: E402
+from engine.engine import EngineConfig  # noqa: E402
 from scripts.soak import rss_mb  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
-from tests.server_client import pcm16_at  # noqa: E402
+from tests.server_client import pcm16_at, running_server, url  # noqa: E402
 
 CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
 
@@ -52,28 +50,27 @@ async def storm(url: str, pcm: bytes, num: int, size: int) -> None:
 async def main_async(rounds: int, num: int) -> list[float]:
     samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=0.5)
     pcm = pcm16_at(samples, 16000)
-    engine = Engine(load_bundle(device="cpu"), EngineConfig(pad_seconds=5))
-    config = ServerConfig(port=0, data_dir=Path(tempfile.mkdtemp(prefix="voxtide-storm-")),
-                          max_sessions=num, resume_grace_s=0.2)
-    server = Server(engine, config)
-    await server.start()
-    url = f"ws://127.0.0.1:{server.port}/v1/listen"
-    try:
-        await storm(url, pcm, 2, 16 * CHUNK)  # warm-up: the model's first steps
+    folder = Path(tempfile.mkdtemp(prefix="voxtide-storm-"))
+    async with running_server(folder, EngineConfig(pad_seconds=5), max_sessions=num,
+                              resume_grace_s=0.2) as server:
+        return await rounds_on(server, pcm, rounds, num)
+
+
+async def rounds_on(server: Server, pcm: bytes, rounds: int, num: int) -> list[float]:
+    engine, listen = server.engine, url(server, "/v1/listen")
+    await storm(listen, pcm, 2, 16 * CHUNK)  # warm-up: the model's first steps
+    await drained(server)
+    gc.collect()
+    sizes = [rss_mb()]
+    print(f"baseline (after a 2-session warm-up): {sizes[0]:.1f} MB", flush=True)
+    for r in range(rounds):
+        await storm(listen, pcm, num, 16 * CHUNK)
         await drained(server)
         gc.collect()
-        sizes = [rss_mb()]
-        print(f"baseline (after a 2-session warm-up): {sizes[0]:.1f} MB", flush=True)
-        for r in range(rounds):
-            await storm(url, pcm, num, 16 * CHUNK)
-            await drained(server)
-            gc.collect()
-            sizes.append(rss_mb())
-            print(f"after round {r + 1} ({num} dropped sessions): {sizes[-1]:.1f} MB, encoder cache "
-                  f"{len(engine.scheduler.encoder_cache.cached)} entries, "
-                  f"{len(engine.runner.encoder_cache)} tensors", flush=True)
-    finally:
-        await server.stop()
+        sizes.append(rss_mb())
+        print(f"after round {r + 1} ({num} dropped sessions): {sizes[-1]:.1f} MB, encoder cache "
+              f"{len(engine.scheduler.encoder_cache.cached)} entries, "
+              f"{len(engine.runner.encoder_cache)} tensors", flush=True)
     return sizes
 
 
