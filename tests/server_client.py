@@ -32,6 +32,15 @@ async def running_server(tmp_path: Path, engine_config: EngineConfig | None = No
         await server.stop()
 
 
+async def wait_until(condition, seconds: float = 300.0) -> None:
+    """Poll `condition()` every 0.1 s; fail after `seconds`."""
+    for _ in range(int(seconds * 10)):
+        if condition():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("timed out waiting for the server")
+
+
 def url(server: Server, path: str) -> str:
     return f"ws://127.0.0.1:{server.port}{path}"
 

@@ -11,7 +11,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from engine.engine import EngineConfig
 from tests.helpers import concatenated, librivox_path, transcripts
-from tests.server_client import pcm16_at, running_server, url
+from tests.server_client import pcm16_at, running_server, url, wait_until
 from tests.test_server import clip, error_rate
 
 CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
@@ -32,14 +32,6 @@ async def collect(ws, into: list[dict]) -> None:
 
 def finals(messages: list[dict]) -> list[dict]:
     return [m for m in messages if m["type"] == "Results" and m["is_final"] and m["words"]]
-
-
-async def wait_until(condition, seconds: float = 300.0) -> None:
-    for _ in range(int(seconds * 10)):
-        if condition():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("timed out waiting for the server")
 
 
 async def test_resume_continues_the_transcript_without_gap_or_duplicate(tmp_path):

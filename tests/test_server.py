@@ -23,6 +23,7 @@ from tests.server_client import (
     receive_all,
     running_server,
     url,
+    wait_until,
 )
 from tests.test_transcribe import GOLDEN
 
@@ -306,11 +307,7 @@ async def test_dropped_connection_still_stores_the_transcript(tmp_path):
         await ws.send(pcm16_at(samples, 16000))
         await asyncio.sleep(0.3)
         ws.transport.abort()  # no close frame
-        for _ in range(600):
-            if not server.sessions and not server.engine.num_requests:
-                break
-            await asyncio.sleep(0.1)
-        assert not server.sessions and server.engine.num_requests == 0
+        await wait_until(lambda: not server.sessions and not server.engine.num_requests, 60)
         text = " ".join(r["text"] for r in server.store.read(session_id))
     assert error_rate(reference, text) <= 0.15, text
 
