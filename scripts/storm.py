@@ -2,7 +2,8 @@
 close frame), with the process RSS after each round once the server has drained them.
 
 A leak shows as RSS growing round after round; the first round raises RSS once (the
-allocator keeps its high-water mark, the encoder cache fills), later rounds should not.
+allocator keeps its high-water mark, the encoder cache fills), later rounds should not. The
+RSS after malloc_trim shows how much of the rise is freed memory glibc had kept.
 
     scripts/dev.sh run python scripts/storm.py [--rounds 5] [--sessions 100]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import sys
 import tempfile
@@ -27,6 +29,15 @@ from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 from tests.server_client import pcm16_at, running_server, url  # noqa: E402
 
 CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
+
+
+def trimmed_rss_mb() -> float:
+    """RSS after asking glibc to hand its free heap pages back to the OS (malloc_trim)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the figure is the plain RSS
+    return rss_mb()
 
 
 async def drained(server: Server) -> None:
@@ -62,15 +73,21 @@ async def rounds_on(server: Server, pcm: bytes, rounds: int, num: int) -> list[f
     await drained(server)
     gc.collect()
     sizes = [rss_mb()]
-    print(f"baseline (after a 2-session warm-up): {sizes[0]:.1f} MB", flush=True)
+    trimmed = [trimmed_rss_mb()]
+    print(f"baseline (after a 2-session warm-up): {sizes[0]:.1f} MB ({trimmed[0]:.1f} MB trimmed)",
+          flush=True)
     for r in range(rounds):
         await storm(listen, pcm, num, 16 * CHUNK)
         await drained(server)
         gc.collect()
         sizes.append(rss_mb())
-        print(f"after round {r + 1} ({num} dropped sessions): {sizes[-1]:.1f} MB, encoder cache "
+        trimmed.append(trimmed_rss_mb())
+        print(f"after round {r + 1} ({num} dropped sessions): {sizes[-1]:.1f} MB "
+              f"({trimmed[-1]:.1f} MB trimmed), encoder cache "
               f"{len(engine.scheduler.encoder_cache.cached)} entries, "
-              f"{len(engine.runner.encoder_cache)} tensors", flush=True)
+              f"{len(engine.runner.encoder_cache)} tensors, processor cache "
+              f"{engine.processor_cache.num_bytes / 2**20:.1f} MB", flush=True)
+    print(f"trimmed RSS last round / baseline: {trimmed[-1] / trimmed[0]:.3f}")
     return sizes
 
 
