@@ -13,6 +13,12 @@ import numpy as np
 FRAME_SAMPLES = 320  # 20 ms at 16 kHz
 
 
+def level_db(samples: np.ndarray, axis: int | None = None) -> np.ndarray | float:
+    """RMS level in dBFS of float samples (over `axis`, or all of them)."""
+    power = np.mean(np.square(samples, dtype=np.float64), axis=axis)
+    return 10.0 * np.log10(power + 1e-12)
+
+
 def threshold_db(threshold: float) -> float:
     """OpenAI's `threshold` (0..1, default 0.5) -> an RMS level in dBFS (0.5 -> -45 dB)."""
     return -70.0 + 50.0 * min(max(threshold, 0.0), 1.0)
@@ -40,8 +46,7 @@ class EnergyVad:
         self.pending = data[n * FRAME_SAMPLES :]
         if n == 0:
             return []
-        frames = data[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES).astype(np.float64)
-        level = 10.0 * np.log10(np.mean(frames**2, axis=1) + 1e-12)  # (n,) dBFS
+        level = level_db(data[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES), axis=1)  # (n,) dBFS
         events = []
         for is_speech in level > self.level_db:
             if is_speech:

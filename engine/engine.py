@@ -16,6 +16,7 @@ import numpy as np
 
 from audio.frames import CONTEXT_BEFORE, ITEM_SAMPLES, STREAM_LOG_FLOOR, AudioFramer
 from audio.io import SAMPLE_RATE
+from audio.vad import level_db
 from engine.model import ModelBundle
 from engine.model_runner import ModelRunner, RunnerOutput, WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate, Word
@@ -143,9 +144,8 @@ class Engine:
         The window that reaches it ends there and is final: committed whole, one decode of a
         complete utterance with no agreement to wait for."""
         core = context[CONTEXT_BEFORE : CONTEXT_BEFORE + self.config.item_samples]
-        level_db = 10.0 * np.log10(float(np.mean(np.square(core, dtype=np.float64))) + 1e-12)
         end = request.num_positions
-        if level_db > self.config.speech_db:
+        if level_db(core) > self.config.speech_db:
             request.last_speech_end = end
         elif self.config.endpoint_ms is None:
             return
