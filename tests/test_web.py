@@ -61,6 +61,21 @@ def audio_received(server: ThreadedServer) -> float:
     return server.server.metrics.audio_seconds.get()
 
 
+def wait_for_audio(page, server: ThreadedServer, seconds: float, deadline: float) -> None:
+    """Until the server has received `seconds` of audio (Chromium plays the file in real time)."""
+    while audio_received(server) < seconds:
+        assert time.monotonic() < deadline, f"only {audio_received(server):.1f} s arrived"
+        page.wait_for_timeout(100)
+
+
+def stop_and_read(page) -> tuple[str, str]:
+    """Click Stop, wait for the session's end -> (committed text, status line)."""
+    page.click("#stop")
+    page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')",
+                           timeout=60_000)
+    return committed_text(page), page.text_content("#status")
+
+
 def screenshot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
@@ -75,19 +90,12 @@ def test_microphone_page_transcribes_the_fake_capture(server, recording):
         page.goto(f"http://127.0.0.1:{server.server.port}/")
         page.click("#start")
         seconds = sf.info(str(wav)).duration
-        deadline = time.monotonic() + seconds + 60
-        while audio_received(server) < seconds - 0.2:  # Chromium plays the file in real time
-            assert time.monotonic() < deadline, f"only {audio_received(server):.1f} s arrived"
-            page.wait_for_timeout(250)
+        wait_for_audio(page, server, seconds - 0.2, time.monotonic() + seconds + 60)
         tentative_style = page.eval_on_selector("#tentative", "e => getComputedStyle(e).fontStyle")
         final_style = page.eval_on_selector("#committed .final", "e => getComputedStyle(e).fontStyle")
         times = page.eval_on_selector_all("#committed time", "ts => ts.map(t => t.textContent)")
         screenshot(page, "web-microphone.png")
-        page.click("#stop")
-        page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')",
-                               timeout=60_000)
-        text = committed_text(page)
-        status = page.text_content("#status")
+        text, status = stop_and_read(page)
         chromium.close()
     assert error_rate(reference, text) <= 0.15, text
     assert tentative_style == "italic" and final_style == "normal"
@@ -110,23 +118,15 @@ def test_microphone_page_resumes_after_a_dropped_connection(tmp_path, recording)
         page.goto(f"http://127.0.0.1:{server.server.port}/")
         page.click("#start")
         deadline = time.monotonic() + seconds + 60
-        while audio_received(server) < 5.0:
-            assert time.monotonic() < deadline
-            page.wait_for_timeout(100)
+        wait_for_audio(page, server, 5.0, deadline)
         drop_connection(server)
         page.wait_for_function("document.querySelector('#status').textContent.includes('reconnecting')",
                                timeout=10_000)
         page.wait_for_function("document.querySelector('#status').textContent === 'live (resumed)'",
                                timeout=30_000)
-        while audio_received(server) < seconds - 0.2:
-            assert time.monotonic() < deadline, f"only {audio_received(server):.1f} s arrived"
-            page.wait_for_timeout(250)
+        wait_for_audio(page, server, seconds - 0.2, deadline)
         screenshot(page, "web-resumed.png")
-        page.click("#stop")
-        page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')",
-                               timeout=60_000)
-        text = committed_text(page)
-        status = page.text_content("#status")
+        text, status = stop_and_read(page)
         resumed = server.server.metrics.sessions_resumed.get(protocol="listen")
         chromium.close()
     assert resumed == 1
