@@ -76,6 +76,7 @@ class StepInput:
     scheduled: SchedulerOutput
     requests: dict[str, Request]  # the scheduled requests (they stay valid if aborted)
     prompts: dict[str, list[int]]  # request id -> committed tokens before its window
+    drafts: dict[str, list[int]]  # request id -> its last decode's tokens, if the window is the same
 
 
 @dataclass
@@ -245,19 +246,21 @@ class Engine:
             return None
         requests = self.scheduler.requests
         snapshot = {rid: requests[rid] for rid in scheduled.encoder_inputs}
-        prompts = {}
+        prompts, drafts = {}, {}
         for window in scheduled.windows:
             request = snapshot[window.request_id] = requests[window.request_id]
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
             prompts[window.request_id] = self.policies[window.request_id].prompt_tokens()
-        return StepInput(scheduled, snapshot, prompts)
+            if request.draft_start == window.window_start:  # timestamps still line up
+                drafts[window.request_id] = request.draft_tokens
+        return StepInput(scheduled, snapshot, prompts, drafts)
 
     def execute(self, step: StepInput) -> RunnerOutput:
         """Run the model for a scheduled step. Safe in a worker thread while the caller adds
         audio, flushes, aborts or schedules on its own thread: it reads only the step's
         snapshot, and the scheduler never hands out a request that is in flight."""
         try:
-            return self.runner.execute(step.scheduled, step.requests, step.prompts)
+            return self.runner.execute(step.scheduled, step.requests, step.prompts, step.drafts)
         except Exception as e:  # a fault outside one window's decode: fail this step's sessions
             log.exception("model runner step failed")
             error = f"{type(e).__name__}: {e}"
@@ -284,6 +287,7 @@ class Engine:
 
     def _apply(self, request: Request, result: WindowResult) -> EngineOutput:
         policy = self.policies[request.request_id]
+        request.draft_tokens, request.draft_start = result.tokens, request.window_start
         if result.temperature > 0.5:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         end = request.num_decoded_positions

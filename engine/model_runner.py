@@ -40,6 +40,7 @@ class WindowResult:
     error: str | None = None
     complete_ms: int | None = None  # the words are whole segments up to here (Whisper's seek)
     temperature: float = 0.0  # of the decode kept (above 0: a fallback)
+    tokens: list[int] = field(default_factory=list)  # the decoded text and timestamp tokens
 
 
 @dataclass
@@ -128,7 +129,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: dict[str, Request],
-                prompts: dict[str, list[int]]) -> RunnerOutput:
+                prompts: dict[str, list[int]], drafts: dict[str, list[int]] | None = None
+                ) -> RunnerOutput:
+        """Encode the new items, run the transformer over every window, decode them. A
+        window's draft (its previous decode) is verified instead of generated token by token."""
         calls, items = self.encode_items(out, requests)
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(out.windows))
@@ -143,20 +147,21 @@ class ModelRunner:
         length = self.padded_length(max(w.window_end - w.window_start for w in windows))
         x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
         features = self.model.encoder.transformer(x)  # (B, 1500, n_state)
-        decoded = self.decode_windows(windows, features, prompts)
+        decoded = self.decode_windows(windows, features, prompts, drafts or {})
         result.results += decoded
         result.num_fallbacks = sum(r.temperature > 0 for r in decoded)
         return result
 
     def decode_windows(self, windows: list[ScheduledWindow], features: torch.Tensor,
-                       prompts: dict[str, list[int]]) -> list[WindowResult]:
+                       prompts: dict[str, list[int]], drafts: dict[str, list[int]]
+                       ) -> list[WindowResult]:
         """Decode all windows as one batch; if that fails, each alone, so a fault stays with
         its own session."""
         rows = [b for b, w in enumerate(windows) if w.request_id not in self.fail_request_ids]
         results: dict[int, WindowResult] = {
             b: WindowResult(w.request_id, [], w.final, error="RuntimeError: injected failure")
             for b, w in enumerate(windows) if w.request_id in self.fail_request_ids}
-        options = [self._options(windows[b], prompts) for b in rows]
+        options = [self._options(windows[b], prompts, drafts) for b in rows]
         try:
             decoded = decode_batch(self.model, self.bundle.tokenizer, features[rows], options,
                                    self.bundle.suppress) if rows else []
@@ -187,9 +192,11 @@ class ModelRunner:
         return window.final or window.window_end - window.window_start >= COMMIT_POSITIONS
 
     @staticmethod
-    def _options(window: ScheduledWindow, prompts: dict[str, list[int]]) -> DecodingOptions:
+    def _options(window: ScheduledWindow, prompts: dict[str, list[int]],
+                 drafts: dict[str, list[int]]) -> DecodingOptions:
         seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
-        return DecodingOptions(prompt=prompts.get(window.request_id, []), audio_seconds=seconds)
+        return DecodingOptions(prompt=prompts.get(window.request_id, []), audio_seconds=seconds,
+                               draft=drafts.get(window.request_id, []))
 
     def _window_result(self, window: ScheduledWindow, decoded: DecodingResult) -> WindowResult:
         """Decoded tokens -> timed words in session time."""
@@ -207,7 +214,7 @@ class ModelRunner:
                                    min(max(segment.end, segment.start), limit))
         return WindowResult(window.request_id, words, window.final,
                             complete_ms=round((offset + min(consumed, seconds)) * 1000),
-                            temperature=decoded.temperature)
+                            temperature=decoded.temperature, tokens=decoded.tokens)
 
 
 def segment_words(tokenizer, tokens: list[int], start: float, end: float) -> list[Word]:

@@ -88,6 +88,9 @@ class Request:
     num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed
     num_freed_items: int = 0  # items [0, n) were released from the encoder cache
     output_token_ids: list[int] = field(default_factory=list)  # -1: placeholder not filled yet
+    # the last decode's tokens and its window start: the draft of the next decode of that window
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_start: int = -1
     error: str | None = None
 
     @property

@@ -21,6 +21,9 @@ MAX_WINDOW_POSITIONS = 1500  # 30 s: Whisper's window
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 16  # sessions decoded per step
+    # partial (tentative) windows per step; final windows come first and are not limited.
+    # Small steps keep a final that falls due from waiting long behind partials.
+    max_partials: int = 16
     encoder_budget: int = 50 * 60  # new positions encoded per step (60 s of audio)
     encoder_cache_size: int = 50 * 60 * 64  # positions held in the encoder cache
     decode_interval: int = POSITIONS_PER_SECOND  # new positions between two decodes (1 s)
@@ -92,12 +95,16 @@ class Scheduler:
         cache = self.encoder_cache
         # final windows first (they are what a client waits for), then round-robin
         order = sorted(self.queue, key=lambda rid: not self.final_due(self.requests[rid]))
+        num_partials = 0
         for request_id in order:
             if len(windows) >= self.config.max_num_seqs:
                 break
             request = self.requests[request_id]
             if not self.is_ready(request):
                 continue
+            partial = not self.final_due(request)
+            if partial and num_partials >= self.config.max_partials:
+                break  # finals come first in `order`: only partials are left
             start = request.window_start
             end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
             endpoint = request.endpoints[0] if request.endpoints else 0
@@ -138,6 +145,7 @@ class Scheduler:
             final = (request.input_finished and end == request.num_positions) or (
                 0 < request.flush_position <= end) or endpoint == end
             windows.append(ScheduledWindow(request_id, start, end, lo, hi, final))
+            num_partials += partial
             request.num_decoded_positions = end
         # the sessions decoded now go to the back of the queue: sessions share steps fairly
         for window in windows:

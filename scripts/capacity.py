@@ -57,6 +57,7 @@ def main() -> int:
     parser.add_argument("--pad-seconds", type=int, default=None)
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms)
     parser.add_argument("--max-batch", type=int, default=SchedulerConfig.max_num_seqs)
+    parser.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials)
     parser.add_argument("--decode-interval-ms", type=int, default=1000,
                         help="new audio between two decodes of a session")
     parser.add_argument("--agree-after-ms", type=int, default=EngineConfig.agree_after_ms)
@@ -65,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=0.8)
-    scheduler = SchedulerConfig(max_num_seqs=args.max_batch,
+    scheduler = SchedulerConfig(max_num_seqs=args.max_batch, max_partials=args.max_partials,
                                 decode_interval=args.decode_interval_ms * 50 // 1000)
     config = EngineConfig(scheduler=scheduler,
                           pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,

@@ -81,6 +81,7 @@ class Row:
     seconds: dict[str, float] = field(default_factory=dict)  # system -> compute (wall) seconds
     latencies: list[float] = field(default_factory=list)
     first_partial_s: float | None = None
+    texts: dict[str, str] = field(default_factory=dict)  # system -> transcript
 
 
 def espeak(text: str, folder: Path, name: str) -> np.ndarray:
@@ -115,6 +116,7 @@ async def stream_all(rows: list[Row], parallel: int, fast: bool, config: EngineC
         if report.errors:
             raise RuntimeError(f"{row.recording.name}: server errors {report.errors}")
         row.errors["stream"] = word_errors(row.recording.reference, report.text)
+        row.texts["stream"] = report.text
         row.seconds["stream"] = report.wall_seconds
         row.latencies, row.first_partial_s = report.final_latencies, report.first_partial_s
 
@@ -131,6 +133,7 @@ def offline_all(rows: list[Row]) -> None:
         text = transcribe(model, torch.from_numpy(row.recording.samples)).text
         row.seconds["offline"] = time.perf_counter() - start
         row.errors["offline"] = word_errors(row.recording.reference, text)
+        row.texts["offline"] = text
 
 
 def faster_whisper_all(rows: list[Row], threads: int) -> bool:
@@ -152,6 +155,7 @@ def faster_whisper_all(rows: list[Row], threads: int) -> bool:
         text = run(row.recording.samples)
         row.seconds["fw-int8"] = time.perf_counter() - start
         row.errors["fw-int8"] = word_errors(row.recording.reference, text)
+        row.texts["fw-int8"] = text
     return True
 
 
@@ -223,7 +227,8 @@ def main() -> int:
         Path(args.json).write_text(json.dumps([{
             "recording": r.recording.name, "audio_s": round(r.recording.seconds, 2),
             "errors": r.errors, "seconds": r.seconds, "latencies": r.latencies,
-            "first_partial_s": r.first_partial_s} for r in rows], indent=1))
+            "first_partial_s": r.first_partial_s, "reference": r.recording.reference,
+            "texts": r.texts} for r in rows], indent=1))
     return 0
 
 

@@ -41,9 +41,20 @@ def audio(path: Path) -> torch.Tensor:
 
 @lru_cache(maxsize=1)
 def bundle():
+    """The model as the server runs it (bf16 parts where the CPU has native bf16)."""
     from engine.model import load_bundle
 
     return load_bundle(device="cpu")
+
+
+@lru_cache(maxsize=1)
+def exact_bundle():
+    """The model all in float32: what the loaders are compared with references on."""
+    from engine.model import load_bundle
+
+    exact = load_bundle(device="cpu", bf16=False)
+    exact.model.set_projection_dtype(None)
+    return exact
 
 
 def concatenated(paths: list[Path], gap_seconds: float = 1.0) -> tuple[torch.Tensor, str]:

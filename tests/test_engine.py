@@ -245,3 +245,27 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
     assert tentative
     with pytest.raises(ValueError, match="endpoint_ms"):
         Engine(bundle(), EngineConfig(endpoint_ms=10))
+
+
+def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
+    """Partials of a growing window pass the last decode's tokens as a draft (verified, so the
+    text is plain greedy's); after the window moves, timestamps no longer line up: no draft."""
+    samples = audio(librivox_path("0920")).numpy()
+    engine = Engine(bundle(), EngineConfig(endpoint_ms=None))
+    engine.add_request("s")
+    engine.add_audio("s", samples[:32000])  # 2 s
+    first = engine.schedule()
+    assert first.drafts == {}
+    engine.update_from_output(engine.execute(first))
+    request = engine.scheduler.requests["s"]
+    tokens = list(request.draft_tokens)
+    assert tokens and request.draft_start == 0
+    engine.add_audio("s", samples[32000:64000])
+    second = engine.schedule()
+    assert second.drafts == {"s": tokens}
+    out = engine.update_from_output(engine.execute(second))[0]
+    assert "married" in normalize("".join(w.text for w in out.committed + out.tentative))
+    assert request.draft_tokens != tokens  # the 4 s decode replaced the draft
+    request.draft_start = 5  # as after a cut: the window no longer starts where it was decoded
+    engine.add_audio("s", samples[64000:])
+    assert engine.schedule().drafts == {}

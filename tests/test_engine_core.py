@@ -275,6 +275,29 @@ def test_a_pause_makes_a_final_window_that_ends_there_and_goes_first():
         ("b", 60, 120, True)]
 
 
+
+def test_partials_per_step_are_limited_but_finals_are_not():
+    scheduler = Scheduler(SchedulerConfig(max_partials=1, decode_interval=4))
+    requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
+    requests[2].endpoints.append(20)
+    requests[3].input_finished = True
+    for request in requests:
+        scheduler.add_request(request)
+
+    def step() -> list[tuple[str, bool]]:
+        out = scheduler.schedule()
+        for w in out.windows:  # in flight, as the engine marks them
+            scheduler.requests[w.request_id].output_token_ids.append(-1)
+        return [(w.request_id, w.final) for w in out.windows]
+
+    assert step() == [("c", True), ("d", True), ("a", False)]  # both finals, one partial
+    assert step() == [("b", False)]  # b's turn; the others are in flight
+    for request in requests[:2]:
+        fill_placeholders(request.output_token_ids, [0])
+        add_items(request, 2)
+    assert step() == [("a", False)]  # one partial a step, round-robin: b waits though ready
+    assert step() == [("b", False)]
+
 def words(text: str, start_ms: int = 0, step_ms: int = 300) -> list[Word]:
     return [Word(f" {w}", start_ms + i * step_ms, start_ms + (i + 1) * step_ms)
             for i, w in enumerate(text.split())]

@@ -44,10 +44,11 @@ def _suppress_ids(folder: Path, tokenizer: Tokenizer) -> list[int]:
 
 
 def load_bundle(path: str | Path | None = None, device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None) -> ModelBundle:
-    """Load model, tokenizer and suppress list from a checkpoint (default: bundled tiny.en)."""
+                dtype: torch.dtype | None = None, bf16: bool | None = None) -> ModelBundle:
+    """Load model, tokenizer and suppress list from a checkpoint (default: bundled tiny.en).
+    `dtype` and `bf16` as in `load_model`."""
     resolved = Path(path) if path is not None else default_model_path()
-    model = load_model(resolved, device=device, dtype=dtype)
+    model = load_model(resolved, device=device, dtype=dtype, bf16=bf16)
     tokenizer = Tokenizer.for_model(resolved, model.dims.n_vocab)
     folder = resolved if resolved.is_dir() else resolved.parent
     model_id = hashlib.blake2b(f"{resolved.resolve()}:{model.dims}".encode(), digest_size=8).hexdigest()

@@ -36,6 +36,9 @@ class DecodingOptions:
     audio_seconds: float = 30.0  # real audio in the window; sets the budget and timestamp cap
     max_initial_timestamp: float = 1.0
     seed: int = 0  # for temperature > 0
+    # tokens greedy decoding is likely to produce (the previous decode of the same window):
+    # verified in one forward pass, kept as far as greedy agrees (temperature 0 only)
+    draft: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -208,33 +211,50 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     """audio_features: (B, n_audio_ctx, n_state) -> B sequences decoded together.
 
     Prompts of different lengths are left-padded; each row keeps its own positions and never
-    attends to the padding, so a row decodes as it would alone. Finished rows leave the
-    batch (their cache rows are dropped).
+    attends to the padding, so a row decodes as it would alone. A row's draft follows its
+    prompt in the first forward pass; the logit rules and greedy choice run over the draft
+    position by position, so the result is the plain greedy one, and every draft token it
+    agrees with saves a decoder step (speculative decoding with the last hypothesis as the
+    draft). Finished rows leave the batch (their cache rows are dropped).
     """
     device = audio_features.device
     initials = [initial_tokens(tokenizer, o) for o in options]
-    width = max(len(i) for i in initials)
-    tokens = torch.full((len(initials), width), tokenizer.eot, dtype=torch.long)
-    valid = torch.zeros(len(initials), width, dtype=torch.bool)
-    for b, initial in enumerate(initials):
-        tokens[b, width - len(initial) :] = torch.tensor(initial)
-        valid[b, width - len(initial) :] = True
     rows = [_Row(model, tokenizer, o, suppress, len(i), device)
             for o, i in zip(options, initials, strict=True)]
+    drafts = [o.draft[: row.budget] if o.temperature == 0 else []
+              for o, row in zip(options, rows, strict=True)]
+    sequences = [i + d for i, d in zip(initials, drafts, strict=True)]
+    width = max(len(q) for q in sequences)
+    tokens = torch.full((len(sequences), width), tokenizer.eot, dtype=torch.long)
+    valid = torch.zeros(len(sequences), width, dtype=torch.bool)
+    for b, sequence in enumerate(sequences):
+        tokens[b, width - len(sequence) :] = torch.tensor(sequence)
+        valid[b, width - len(sequence) :] = True
+    num_logits = min(width, max(len(d) for d in drafts) + 2)  # sot (no-speech), then the draft
 
     cache = model.decoder.new_cache()
-    ragged = any(len(i) != width for i in initials)
+    ragged = any(len(q) != width for q in sequences) or any(drafts)
     logits = model.decoder(tokens.to(device), audio_features, cache,
-                           valid=valid.to(device) if ragged else None)  # (B, width, vocab)
-    if tokenizer.no_speech >= 0:
-        for b, row in enumerate(rows):
-            sot_index = width - (1 if row.options.timestamps else 2)
-            row.no_speech_prob = float(logits[b, sot_index].softmax(-1)[tokenizer.no_speech])
+                           valid=valid.to(device) if ragged else None,
+                           num_logits=num_logits)  # (B, num_logits, vocab)
+
+    chosen: list[int] = []  # per row: the token to feed next
+    for b, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
+        first = num_logits - 1 - len(draft)  # logits after the last initial token
+        if tokenizer.no_speech >= 0:
+            sot = first - (0 if row.options.timestamps else 1)
+            row.no_speech_prob = float(logits[b, sot].softmax(-1)[tokenizer.no_speech])
+        accepted = 0
+        token = row.next_token(logits[b, first], tokenizer.eot)
+        while not row.stop and accepted < len(draft) and token == draft[accepted]:
+            accepted += 1
+            token = row.next_token(logits[b, first + accepted], tokenizer.eot)
+        if accepted < len(draft):  # the rest of the draft is not this row's sequence
+            cache.drop_keys(b, width - len(draft) + accepted, len(initials[b]) + accepted)
+        chosen.append(token)
 
     active = list(range(len(rows)))  # batch row -> index in `rows`
-    last = logits[:, -1]  # (B, vocab)
-    while active:
-        chosen = [rows[r].next_token(last[j], tokenizer.eot) for j, r in enumerate(active)]
+    while True:
         keep = [j for j, r in enumerate(active) if not rows[r].stop]
         if not keep:
             break
@@ -243,5 +263,6 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
             active = [active[j] for j in keep]
             chosen = [chosen[j] for j in keep]
         step = torch.tensor(chosen, device=device)[:, None]  # (B', 1)
-        last = model.decoder(step, None, cache)[:, -1]
+        last = model.decoder(step, None, cache, num_logits=1)[:, -1]
+        chosen = [rows[r].next_token(last[j], tokenizer.eot) for j, r in enumerate(active)]
     return [row.result(tokenizer) for row in rows]

@@ -309,15 +309,28 @@ def load_state(path: str | Path) -> tuple[ModelDimensions, dict]:
     return hf_to_openai(json.loads(config_file.read_text()), tensors)
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX), so bf16 matrix
+    products are faster than float32 rather than emulated."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def load_model(
     path: str | Path | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    bf16: bool | None = None,
 ) -> Whisper:
     """Load a Whisper checkpoint onto `device` (CUDA if available, else CPU).
 
-    dtype defaults to float16 on CUDA and float32 on the CPU, where an fp16 copy of the
-    output projection is used for speed.
+    dtype defaults to float16 on CUDA and float32 on the CPU. A float32 model on the CPU
+    runs faster parts in 16 bits: with `bf16` (default: where the CPU has native bf16) the
+    encoder's transformer blocks and a copy of the output projection are bfloat16 (1.8x and
+    3x faster here, same transcripts on the test recordings, see README); without it the
+    projection copy is float16.
     """
     path = Path(path) if path is not None else default_model_path()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -341,5 +354,9 @@ def load_model(
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     model = model.to(device=device, dtype=dtype).eval()
     if device.type == "cpu" and dtype == torch.float32:
-        model.set_projection_dtype(torch.float16)
+        if cpu_has_bf16() if bf16 is None else bf16:
+            model.set_encoder_dtype(torch.bfloat16)
+            model.set_projection_dtype(torch.bfloat16)
+        else:
+            model.set_projection_dtype(torch.float16)
     return model

@@ -32,8 +32,12 @@ class ModelDimensions:
 
 
 class LayerNorm(nn.LayerNorm):
+    """Normalizes in float32 whatever the dtype of the input and of the weights."""
+
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.float()).type(x.dtype)
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type(x.dtype)
 
 
 class Linear(nn.Linear):
@@ -59,7 +63,8 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000) -> Tenso
 
 @dataclass
 class LayerCache:
-    """Keys and values of one decoder layer; tensors are (batch, time, n_state)."""
+    """Keys and values of one decoder layer, split into heads: (batch, n_head, time, d_head),
+    contiguous, so attention reads them as they are (no per-token copy)."""
 
     self_k: Tensor | None = None
     self_v: Tensor | None = None
@@ -90,6 +95,13 @@ class DecoderCache:
         if self.row_lengths is not None:
             self.row_lengths = self.row_lengths[rows]
 
+    def drop_keys(self, row: int, start: int, num_tokens: int) -> None:
+        """Row `row` forgets its cached keys from index `start` on (draft tokens that greedy
+        decoding rejected); `num_tokens` is its number of real tokens, its next position."""
+        assert self.key_mask is not None and self.row_lengths is not None
+        self.key_mask[row, start:] = False
+        self.row_lengths[row] = num_tokens
+
 
 class MultiHeadAttention(nn.Module):
     def __init__(self, n_state: int, n_head: int):
@@ -100,17 +112,21 @@ class MultiHeadAttention(nn.Module):
         self.value = Linear(n_state, n_state)
         self.out = Linear(n_state, n_state)
 
+    def heads(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, D/H), contiguous."""
+        b, t, d = x.shape
+        return x.view(b, t, self.n_head, d // self.n_head).transpose(1, 2).contiguous()
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                 mask: Tensor | None = None) -> Tensor:
-        """q: (B, Tq, D), k/v: (B, Tk, D) -> (B, Tq, D). Projections are done by the caller.
+        """q: (B, Tq, D), k/v: (B, H, Tk, D/H) split by `heads` -> (B, Tq, D). Projections
+        are done by the caller.
 
         `mask` (B, 1, Tq, Tk) bool, True where a query may attend, replaces the causal mask.
         """
         b, tq, d = q.shape
         h = self.n_head
         q = q.view(b, tq, h, d // h).transpose(1, 2)  # (B, H, Tq, D/H)
-        k = k.view(b, k.shape[1], h, d // h).transpose(1, 2)
-        v = v.view(b, v.shape[1], h, d // h).transpose(1, 2)
         # causal with a cache: query i sits at position (Tk - Tq + i) and may see keys <= it
         if mask is None and causal and tq > 1:
             tk = k.shape[2]
@@ -134,11 +150,11 @@ class ResidualAttentionBlock(nn.Module):
                 mask: Tensor | None = None) -> Tensor:
         attn = self.attn
         h = self.attn_ln(x)
-        k, v = attn.key(h), attn.value(h)
+        k, v = attn.heads(attn.key(h)), attn.heads(attn.value(h))  # (B, H, T, D/H)
         if cache is not None:
             if cache.self_k is not None:
-                k = torch.cat([cache.self_k, k], dim=1)
-                v = torch.cat([cache.self_v, v], dim=1)
+                k = torch.cat([cache.self_k, k], dim=2)
+                v = torch.cat([cache.self_v, v], dim=2)
             cache.self_k, cache.self_v = k, v
         x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None, mask=mask)
 
@@ -148,7 +164,7 @@ class ResidualAttentionBlock(nn.Module):
             if cache is not None and cache.cross_k is not None:
                 ck, cv = cache.cross_k, cache.cross_v
             else:
-                ck, cv = cross.key(xa), cross.value(xa)
+                ck, cv = cross.heads(cross.key(xa)), cross.heads(cross.value(xa))
                 if cache is not None:
                     cache.cross_k, cache.cross_v = ck, cv
             x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv)
@@ -172,11 +188,16 @@ class AudioEncoder(nn.Module):
         return x.permute(0, 2, 1)
 
     def transformer(self, x: Tensor) -> Tensor:
-        """x: (B, T, n_state) stem output of a window starting at position 0 -> (B, T, n_state)."""
-        x = (x + self.positional_embedding[: x.shape[1]]).to(x.dtype)
+        """x: (B, T, n_state) stem output of a window starting at position 0 -> (B, T, n_state).
+
+        The blocks run in their own dtype (bf16 after `Whisper.set_encoder_dtype`); the
+        output has the dtype of `x`.
+        """
+        dtype = x.dtype
+        x = (x + self.positional_embedding[: x.shape[1]]).to(self.blocks[0].mlp_ln.weight.dtype)
         for block in self.blocks:
             x = block(x)
-        return self.ln_post(x)
+        return self.ln_post(x).to(dtype)
 
     def forward(self, mel: Tensor) -> Tensor:
         """mel: (B, n_mels, 2 * n_ctx) -> (B, n_ctx, n_state)."""
@@ -223,8 +244,9 @@ class TextDecoder(nn.Module):
         return positions, mask[:, None]
 
     def forward(self, tokens: Tensor, xa: Tensor | None, cache: DecoderCache | None = None,
-                valid: Tensor | None = None) -> Tensor:
-        """tokens: (B, T) new tokens; xa: (B, n_audio_ctx, n_audio_state) -> logits (B, T, vocab).
+                valid: Tensor | None = None, num_logits: int | None = None) -> Tensor:
+        """tokens: (B, T) new tokens; xa: (B, n_audio_ctx, n_audio_state) -> logits
+        (B, num_logits or T, vocab) of the last `num_logits` positions (default: all).
 
         With a cache, `xa` is only read on the first call (cross keys/values are kept).
         `valid` (B, T) bool marks real tokens in a left-padded first call: each row's tokens
@@ -244,6 +266,8 @@ class TextDecoder(nn.Module):
             x = block(x, xa, cache.layers[i] if cache is not None else None, mask)
         if cache is not None:
             cache.num_tokens += n
+        if num_logits is not None:
+            x = x[:, x.shape[1] - num_logits :]  # the projection is the costly part: skip the prompt
         x = self.ln(x)
         weight = self.projection if self.projection is not None else self.token_embedding.weight
         return (x.to(weight.dtype) @ weight.T).float()
@@ -275,11 +299,17 @@ class Whisper(nn.Module):
     def set_projection_dtype(self, dtype: torch.dtype | None) -> None:
         """Use a copy of the tied output projection in `dtype` (None: the embedding itself).
 
-        On the CPU the 51864 x n_state projection dominates the per-token cost; an fp16 copy
+        On the CPU the 51864 x n_state projection dominates the per-token cost; a 16-bit copy
         halves the bytes read per token.
         """
         weight = self.decoder.token_embedding.weight
         self.decoder.projection = None if dtype is None else weight.detach().to(dtype)
+
+    def set_encoder_dtype(self, dtype: torch.dtype) -> None:
+        """Run the encoder's transformer blocks in `dtype` (the conv stem, the final layer
+        norm and everything the decoder reads stay in the model dtype). Converts the block
+        weights in place: going back to float32 does not restore the lost bits."""
+        self.encoder.blocks.to(dtype)
 
     def forward(self, mel: Tensor, tokens: Tensor) -> Tensor:
         return self.decoder(tokens, self.encoder(mel))
