@@ -156,7 +156,9 @@ def test_16_bit_parts_keep_greedy_words(clip):
     assert normalize(got) == normalize(expected)
 
 
-def test_batched_decoding_equals_decoding_each_window_alone():
+def three_windows() -> tuple[torch.Tensor, list[int], list[DecodingOptions]]:
+    """Encoder features of three real windows, a real prompt, and options with prompts of
+    different lengths (the batch is left-padded)."""
     b = bundle()
     with torch.inference_mode():
         features = b.model.encoder(torch.cat([window_mel(c) for c in ("0870", "0890", "0930")]))
@@ -165,6 +167,12 @@ def test_batched_decoding_equals_decoding_each_window_alone():
     options = [DecodingOptions(prompt=prompt, audio_seconds=7.1),
                DecodingOptions(audio_seconds=5.3),  # no prompt: 1 + len(prompt) shorter
                DecodingOptions(prompt=prompt[:5], audio_seconds=3.3)]
+    return features, prompt, options
+
+
+def test_batched_decoding_equals_decoding_each_window_alone():
+    b = bundle()
+    features, prompt, options = three_windows()
     batched = decode_batch(b.model, b.tokenizer, features, options, b.suppress)
     for row, (opts, result) in enumerate(zip(options, batched, strict=True)):
         alone = decode(b.model, b.tokenizer, features[row : row + 1], opts, b.suppress)
@@ -177,13 +185,7 @@ def test_batched_decoding_equals_decoding_each_window_alone():
 
 def test_draft_tokens_give_the_greedy_result_in_fewer_decoder_steps(monkeypatch):
     b = bundle()
-    with torch.inference_mode():
-        features = b.model.encoder(torch.cat([window_mel(c) for c in ("0870", "0890", "0930")]))
-        prompt = decode(b.model, b.tokenizer, b.model.encoder(window_mel("0920")),
-                        DecodingOptions(timestamps=False), b.suppress).tokens
-    options = [DecodingOptions(prompt=prompt, audio_seconds=7.1),
-               DecodingOptions(audio_seconds=5.3),
-               DecodingOptions(prompt=prompt[:5], audio_seconds=3.3)]
+    features, _, options = three_windows()
     plain = decode_batch(b.model, b.tokenizer, features, options, b.suppress)
     exact, wrong = plain[0].tokens, list(plain[1].tokens)
     wrong[6] = wrong[5]  # greedy disagrees at token 6: the rest of the draft must be dropped
