@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from engine.scheduler import SchedulerConfig
+
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
@@ -58,7 +60,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.config import ServerConfig
     from app.server import Server
     from engine.engine import Engine, EngineConfig
-    from engine.scheduler import SchedulerConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per request
@@ -68,8 +69,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           idle_timeout_s=args.idle_timeout, data_dir=args.data_dir, fsync=args.fsync,
                           max_lag_s=args.max_lag, max_backlog_s=args.max_backlog,
                           resume_grace_s=args.resume_grace)
-    if args.max_partials < 1:
-        raise SystemExit(f"--max-partials must be at least 1, got {args.max_partials}")
     engine_config = EngineConfig(scheduler=SchedulerConfig(max_partials=args.max_partials),
                                  pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None)
     server = Server(Engine(_load(args), engine_config), config)
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                         "default: 30 s windows)")
     p.add_argument("--endpoint-ms", type=int, default=250,
                    help="a pause this long after speech commits the utterance at once (0: off)")
-    p.add_argument("--max-partials", type=int, default=16,
+    p.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials,
                    help="partial (tentative) windows decoded per step; finals are not limited")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)

@@ -98,6 +98,9 @@ class Engine:
                              f"got {self.config.pad_seconds}")
         if self.config.endpoint_ms is not None and not 80 <= self.config.endpoint_ms <= 10_000:
             raise ValueError(f"endpoint_ms must be 80-10000 (or None: off), got {self.config.endpoint_ms}")
+        if self.config.scheduler.max_partials < 1:
+            raise ValueError(f"max_partials must be at least 1 (partial windows per step), "
+                             f"got {self.config.scheduler.max_partials}")
         self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds)
         self.item_positions = self.config.item_samples // SAMPLES_PER_POSITION  # 4 for 80 ms
         self.framers: dict[str, AudioFramer] = {}

@@ -275,7 +275,6 @@ def test_a_pause_makes_a_final_window_that_ends_there_and_goes_first():
         ("b", 60, 120, True)]
 
 
-
 def test_partials_per_step_are_limited_but_finals_are_not():
     scheduler = Scheduler(SchedulerConfig(max_partials=1, decode_interval=4))
     requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
@@ -297,6 +296,7 @@ def test_partials_per_step_are_limited_but_finals_are_not():
         add_items(request, 2)
     assert step() == [("a", False)]  # one partial a step, round-robin: b waits though ready
     assert step() == [("b", False)]
+
 
 def words(text: str, start_ms: int = 0, step_ms: int = 300) -> list[Word]:
     return [Word(f" {w}", start_ms + i * step_ms, start_ms + (i + 1) * step_ms)
