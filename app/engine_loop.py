@@ -101,28 +101,26 @@ class EngineLoop:
                 pass
 
     async def run(self) -> None:
-        """Schedule step N+1 while step N executes in a worker thread (async scheduling).
+        """Apply commands, schedule, execute in a worker thread, route the outputs; repeat.
 
-        Sessions in flight in step N hold a placeholder and are not scheduled again until
-        N's output is applied; everything else that is ready goes into N+1.
+        A step is scheduled only once the previous one's outputs are applied, so it sees
+        every final that fell due meanwhile. (Scheduling step N+1 while step N runs, as the
+        engine allows, left such a final for step N+2: on the CPU, where a step is the
+        whole machine's work for hundreds of ms, that cost more than the overlap saved.)
+        The event loop keeps serving sockets while the model computes.
         """
         engine = self.engine
-        inflight: asyncio.Future | None = None
-        started = 0.0
         while True:
             self._apply_commands()
             step = engine.schedule()
-            if inflight is not None:
-                output = await inflight
+            if step is not None:
+                started = time.perf_counter()
+                output = await asyncio.to_thread(engine.execute, step)
                 self._record(started, output)
                 for result in engine.update_from_output(output):
                     self._route(result)
-                inflight = None
                 async with self.stepped:
                     self.stepped.notify_all()
-            if step is not None:
-                started = time.perf_counter()
-                inflight = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
                 continue
             self.wakeup.clear()
             if not self.commands:  # idle until a command; poll while the encoder budget blocks

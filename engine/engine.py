@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -55,6 +55,10 @@ class EngineConfig:
     endpoint_ms: int | None = 250  # silence after speech that commits the window whole (None: off)
     speech_db: float = -45.0  # an item whose RMS level (dBFS) is above this is speech
     agree_after_ms: int = 8000  # with endpointing: agreement commits only past this much audio
+    # with endpointing, a partial that cannot commit (under agree_after_ms of audio since the
+    # last final) decodes only that audio, padded to a multiple of this: a preview, shown and
+    # never committed. None: partials decode the whole window, padded as finals are.
+    preview_pad_seconds: int | None = 10
 
 
 @dataclass
@@ -91,17 +95,22 @@ class Engine:
     def __init__(self, bundle: ModelBundle, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
         self.bundle = bundle
-        self.scheduler = Scheduler(self.config.scheduler)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
-        if self.config.pad_seconds is not None and not 1 <= self.config.pad_seconds <= 30:
-            raise ValueError(f"pad_seconds must be 1-30 (or None for 30 s windows), "
-                             f"got {self.config.pad_seconds}")
+        for name in ("pad_seconds", "preview_pad_seconds"):
+            seconds = getattr(self.config, name)
+            if seconds is not None and not 1 <= seconds <= 30:
+                raise ValueError(f"{name} must be 1-30 (or None for 30 s windows), got {seconds}")
         if self.config.endpoint_ms is not None and not 80 <= self.config.endpoint_ms <= 10_000:
             raise ValueError(f"endpoint_ms must be 80-10000 (or None: off), got {self.config.endpoint_ms}")
         if self.config.scheduler.max_partials < 1:
             raise ValueError(f"max_partials must be at least 1 (partial windows per step), "
                              f"got {self.config.scheduler.max_partials}")
-        self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds)
+        previews = self.config.endpoint_ms is not None and self.config.preview_pad_seconds is not None
+        self.scheduler = Scheduler(replace(
+            self.config.scheduler,
+            preview_positions=ms_to_position(self.config.agree_after_ms) if previews else 0))
+        self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds,
+                                  self.config.preview_pad_seconds)
         self.item_positions = self.config.item_samples // SAMPLES_PER_POSITION  # 4 for 80 ms
         self.framers: dict[str, AudioFramer] = {}
         self.policies: dict[str, LocalAgreement] = {}
@@ -253,9 +262,10 @@ class Engine:
         for window in scheduled.windows:
             request = snapshot[window.request_id] = requests[window.request_id]
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
-            prompts[window.request_id] = self.policies[window.request_id].prompt_tokens()
-            if request.draft_start == window.window_start:  # timestamps still line up
-                drafts[window.request_id] = request.draft_tokens
+            policy = self.policies[window.request_id]
+            prompts[window.request_id] = policy.prompt_tokens(in_window=not window.preview)
+            if window.window_start in request.drafts:  # timestamps still line up
+                drafts[window.request_id] = request.drafts[window.window_start]
         return StepInput(scheduled, snapshot, prompts, drafts)
 
     def execute(self, step: StepInput) -> RunnerOutput:
@@ -290,7 +300,8 @@ class Engine:
 
     def _apply(self, request: Request, result: WindowResult) -> EngineOutput:
         policy = self.policies[request.request_id]
-        request.draft_tokens, request.draft_start = result.tokens, request.window_start
+        start = request.preview_start if result.preview else request.window_start
+        request.drafts[start] = result.tokens
         if result.temperature > 0.5:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         end = request.num_decoded_positions
@@ -307,6 +318,8 @@ class Engine:
                 request.endpoints.popleft()
             if request.flush_position <= end:
                 request.flush_position = 0
+            request.preview_start = end
+            self._prune_drafts(request)
             done = request.input_finished and request.window_start >= request.num_positions
             flushed_ms = self.audio_ms(rid, position_to_ms(end)) if flushed else None
             committed = self._audio_words(rid, update.committed)
@@ -314,6 +327,8 @@ class Engine:
                 request.status = RequestStatus.FINISHED
                 self._drop(rid)
             return EngineOutput(rid, committed, [], finished=done, flushed_ms=flushed_ms)
+        if result.preview:  # only the audio since the last final: shown, never committed
+            return EngineOutput(rid, [], self._audio_words(rid, policy.preview(result.words)))
         # with endpointing, pauses commit; agreement commits only long unbroken speech
         agree_after = self.config.agree_after_ms if self.config.endpoint_ms is not None else 0
         pending_ms = position_to_ms(end) - policy.committed_end_ms
@@ -349,6 +364,14 @@ class Engine:
         self.scheduler.advance_window(request, self._item_floor(request, position))
         policy = self.policies[request.request_id]
         policy.cut_window(position_to_ms(request.window_start))
+        request.preview_start = max(request.preview_start, request.window_start)  # committed before
+        self._prune_drafts(request)
+
+    @staticmethod
+    def _prune_drafts(request: Request) -> None:
+        """Keep the drafts of windows that can still be decoded: the window's and the preview's."""
+        for start in [s for s in request.drafts if s not in (request.window_start, request.preview_start)]:
+            del request.drafts[start]
 
     def _item_floor(self, request: Request, position: int) -> int:
         """Round a position down to an item boundary, never behind the window start."""

@@ -36,6 +36,7 @@ class WindowResult:
     request_id: str
     words: list[Word]  # hypothesis over the window, absolute times
     final: bool
+    preview: bool = False  # the window was a preview (only the audio since the last final)
     silence: bool = False
     error: str | None = None
     complete_ms: int | None = None  # the words are whole segments up to here (Whisper's seek)
@@ -48,15 +49,16 @@ class RunnerOutput:
     results: list[WindowResult] = field(default_factory=list)
     num_encoder_calls: int = 0  # batched conv-stem calls (0 or 1 per step)
     num_encoded_items: int = 0  # unique items computed in that call
-    num_windows: int = 0  # windows in the batched transformer call
+    num_windows: int = 0  # windows in the batched transformer calls (one per padded length)
     num_fallbacks: int = 0  # windows re-decoded at higher temperatures
 
 
 class ModelRunner:
     def __init__(self, bundle: ModelBundle, processor_cache: ProcessorCache | None = None,
-                 pad_seconds: int | None = None):
+                 pad_seconds: int | None = None, preview_pad_seconds: int | None = None):
         self.bundle = bundle
         self.pad_seconds = pad_seconds  # None: every window padded to 30 s (Whisper's input)
+        self.preview_pad_seconds = preview_pad_seconds  # the same for preview windows
         self.model = bundle.model
         self.device = bundle.device
         self.dtype = self.model.dtype
@@ -68,12 +70,14 @@ class ModelRunner:
             silence = torch.full((1, n_mels, 11), (STREAM_LOG_FLOOR + 4.0) / 4.0)
             self.pad = self._stem(silence)[0, 0]  # (n_state,) stem output of padding
 
-    def padded_length(self, num_positions: int) -> int:
+    def padded_length(self, num_positions: int, preview: bool = False) -> int:
         """Encoder length for a batch whose longest window has `num_positions`: 30 s, or with
-        `pad_seconds` set, the window rounded up to a multiple of it (faster, see README)."""
-        if self.pad_seconds is None:
+        `pad_seconds` (for previews `preview_pad_seconds`) set, the window rounded up to a
+        multiple of it (faster, see README)."""
+        seconds = self.preview_pad_seconds if preview else self.pad_seconds
+        if seconds is None:
             return MAX_WINDOW_POSITIONS
-        unit = self.pad_seconds * POSITIONS_PER_SECOND
+        unit = seconds * POSITIONS_PER_SECOND
         return min(MAX_WINDOW_POSITIONS, max(unit, -(-num_positions // unit) * unit))
 
     def _stem(self, mel: torch.Tensor) -> torch.Tensor:
@@ -131,25 +135,25 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, requests: dict[str, Request],
                 prompts: dict[str, list[int]], drafts: dict[str, list[int]] | None = None
                 ) -> RunnerOutput:
-        """Encode the new items, run the transformer over every window, decode them. A
-        window's draft (its previous decode) is verified instead of generated token by token."""
+        """Encode the new items, run the transformer over every window, decode them: windows
+        and previews each as one batch (their padded lengths differ). A window's draft (its
+        previous decode) is verified instead of generated token by token."""
         calls, items = self.encode_items(out, requests)
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(out.windows))
-        windows = []
+        groups: dict[bool, list[ScheduledWindow]] = {}
         for window in out.windows:
-            if window.window_end > window.window_start:
-                windows.append(window)
-            else:  # a flush or finish with no new audio: nothing to decode
+            if window.window_end > window.window_start and window.speech:
+                groups.setdefault(window.preview, []).append(window)
+            else:  # a flush or finish with no new audio, or no speech in it: nothing to decode
                 result.results.append(WindowResult(window.request_id, [], window.final, silence=True))
-        if not windows:
-            return result
-        length = self.padded_length(max(w.window_end - w.window_start for w in windows))
-        x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
-        features = self.model.encoder.transformer(x)  # (B, 1500, n_state)
-        decoded = self.decode_windows(windows, features, prompts, drafts or {})
-        result.results += decoded
-        result.num_fallbacks = sum(r.temperature > 0 for r in decoded)
+        for preview, windows in groups.items():
+            length = self.padded_length(max(w.window_end - w.window_start for w in windows), preview)
+            x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
+            features = self.model.encoder.transformer(x)  # (B, length, n_state)
+            decoded = self.decode_windows(windows, features, prompts, drafts or {})
+            result.results += decoded
+            result.num_fallbacks += sum(r.temperature > 0 for r in decoded)
         return result
 
     def decode_windows(self, windows: list[ScheduledWindow], features: torch.Tensor,
@@ -202,7 +206,7 @@ class ModelRunner:
         """Decoded tokens -> timed words in session time."""
         tokenizer = self.bundle.tokenizer
         if decoded.is_silence or not decoded.tokens:
-            return WindowResult(window.request_id, [], window.final, silence=True)
+            return WindowResult(window.request_id, [], window.final, window.preview, silence=True)
         seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
         offset = window.window_start / POSITIONS_PER_SECOND
         segments, consumed = split_segments(decoded.tokens, tokenizer.timestamp_begin, offset,
@@ -212,7 +216,7 @@ class ModelRunner:
         for segment in segments:
             words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
                                    min(max(segment.end, segment.start), limit))
-        return WindowResult(window.request_id, words, window.final,
+        return WindowResult(window.request_id, words, window.final, window.preview,
                             complete_ms=round((offset + min(consumed, seconds)) * 1000),
                             temperature=decoded.temperature, tokens=decoded.tokens)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hypothesis
 TIME_TOLERANCE_MS = 100
+TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found
 
 
 @dataclass
@@ -46,20 +47,26 @@ class LocalAgreement:
     def _trim(self, hypothesis: list[Word]) -> list[Word]:
         """The part of a whole-window hypothesis past the committed words.
 
-        The window still holds the audio of the words committed since it was last cut, so a
-        hypothesis repeats them first. Find the committed tail (3, 2 or 1 words) in it, at
-        the occurrence nearest to where it should be; fall back to word mid-times.
+        The window still holds the audio of the n words committed since it was last cut, so
+        a hypothesis repeats them first. Find the committed tail (m = 5 ... 1 words) in it,
+        or the m words before the last one (a re-decode that changed the last word), at the
+        occurrence nearest to where it should be, give or take a word the re-decode split or
+        merged; else fall back to word mid-times. ("... is to be ill-disposed. He was not an
+        old-sposed young man" after "... is to be old-sposed." must not match the repeat.)
         """
         n = self.num_window_committed
         if n == 0:
             return hypothesis
         keys = [w.key for w in hypothesis]
+        committed = [w.key for w in self.committed[len(self.committed) - n :]]
         for m in range(min(OVERLAP_NGRAM, n), 0, -1):
-            tail = [w.key for w in self.committed[-m:]]
-            hits = [j for j in range(len(keys) - m + 1) if keys[j : j + m] == tail]
-            if hits:
-                j = min(hits, key=lambda j: abs(j - (n - m)))
-                return hypothesis[j + m :]
+            for skip in (0, 1) if m + 1 <= n else (0,):
+                tail = committed[n - m - skip : n - skip]
+                expected = n - m - skip  # where the tail should start in the hypothesis
+                hits = [j for j in range(len(keys) - m + 1) if keys[j : j + m] == tail]
+                j = min(hits, key=lambda j: abs(j - expected), default=None)
+                if j is not None and abs(j - expected) <= TRIM_SLACK_WORDS:
+                    return hypothesis[j + m + skip :]
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]
 
@@ -85,6 +92,12 @@ class LocalAgreement:
         self._commit(newly)
         self.previous = words[agreed:]
         return PolicyUpdate(newly, list(self.previous))
+
+    def preview(self, hypothesis: list[Word]) -> list[Word]:
+        """A hypothesis of only the audio past the committed words: the tentative tail to
+        show. It is not kept as the `previous` hypothesis (nothing agrees with it and a final
+        never commits it): a short window alone decodes worse, Whisper's " you" on a breath."""
+        return list(hypothesis)
 
     def flush(self, hypothesis: list[Word] | None = None) -> PolicyUpdate:
         """Commit everything: the given final hypothesis, or the last tentative tail.
@@ -119,10 +132,11 @@ class LocalAgreement:
         """Later windows get no prompt from the words committed so far."""
         self.prompt_floor = len(self.committed)
 
-    def prompt_tokens(self, max_tokens: int = 200) -> list[int]:
-        """Tokens of the committed words before the window (those in it get re-decoded)."""
+    def prompt_tokens(self, max_tokens: int = 200, in_window: bool = True) -> list[int]:
+        """Tokens of the committed words before the window (those in it get re-decoded);
+        `in_window=False`: of all committed words (a window that starts past them)."""
         out: list[int] = []
-        before = len(self.committed) - self.num_window_committed
+        before = len(self.committed) - (self.num_window_committed if in_window else 0)
         for word in reversed(self.committed[max(self.prompt_floor, before - max_tokens) : before]):
             if len(out) + len(word.tokens) > max_tokens:
                 break

@@ -84,13 +84,14 @@ class Request:
     endpoints: deque[int] = field(default_factory=deque)  # pauses after speech, not yet decoded
     last_endpoint: int = 0  # the latest pause found (a pause needs speech after this)
     window_start: int = 0  # first position of the decode window (a committed boundary)
+    preview_start: int = 0  # the last final window's end: all audio before it is committed
     num_decoded_positions: int = 0  # window end at the last decode
     num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed
     num_freed_items: int = 0  # items [0, n) were released from the encoder cache
     output_token_ids: list[int] = field(default_factory=list)  # -1: placeholder not filled yet
-    # the last decode's tokens and its window start: the draft of the next decode of that window
-    draft_tokens: list[int] = field(default_factory=list)
-    draft_start: int = -1
+    # window start -> the last decode's tokens from there: the draft of the next decode of
+    # a window with that start (the window's and the preview's, at most two entries)
+    drafts: dict[int, list[int]] = field(default_factory=dict)
     error: str | None = None
 
     @property

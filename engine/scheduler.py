@@ -27,7 +27,12 @@ class SchedulerConfig:
     encoder_budget: int = 50 * 60  # new positions encoded per step (60 s of audio)
     encoder_cache_size: int = 50 * 60 * 64  # positions held in the encoder cache
     decode_interval: int = POSITIONS_PER_SECOND  # new positions between two decodes (1 s)
-    decode_only_speech: bool = True  # no partial decode unless speech came since the last one
+    # no partial decode unless speech came since the last one; no decode of a window without speech
+    decode_only_speech: bool = True
+    # a partial whose audio since the last final is shorter than this decodes only that
+    # audio (a preview, which the engine shows and never commits); 0: partials decode the
+    # whole window. The engine sets it to what cannot commit yet (EngineConfig.preview_pad_seconds).
+    preview_positions: int = 0
 
 
 @dataclass
@@ -38,6 +43,9 @@ class ScheduledWindow:
     item_lo: int  # mm_features[item_lo:item_hi] overlap the window
     item_hi: int
     final: bool  # input finished, or the window reaches the flush position: commit everything
+    preview: bool = False  # a partial over only the audio since the last final: shown, never committed
+    speech: bool = True  # False: no item in the window was speech; it is not decoded (Whisper
+    # makes " you" of a breath), a final of it commits nothing new
 
 
 @dataclass
@@ -110,6 +118,10 @@ class Scheduler:
             endpoint = request.endpoints[0] if request.endpoints else 0
             if start < endpoint < end:
                 end = endpoint  # the window ends at the pause (audio past it waits, a backlog)
+            preview = partial and start <= request.preview_start and (
+                end - request.preview_start < self.config.preview_positions)
+            if preview:
+                start = request.preview_start
             lo, hi = get_mm_features_in_window(request.mm_features, start, end)
             new = range(max(request.num_encoded_items, lo), hi)
             features = request.mm_features
@@ -144,7 +156,8 @@ class Scheduler:
             # after speech: commit everything. Behind a backlog of over 30 s, they wait.
             final = (request.input_finished and end == request.num_positions) or (
                 0 < request.flush_position <= end) or endpoint == end
-            windows.append(ScheduledWindow(request_id, start, end, lo, hi, final))
+            speech = request.last_speech_end > start or not self.config.decode_only_speech
+            windows.append(ScheduledWindow(request_id, start, end, lo, hi, final, preview, speech))
             num_partials += partial
             request.num_decoded_positions = end
         # the sessions decoded now go to the back of the queue: sessions share steps fairly

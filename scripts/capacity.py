@@ -7,7 +7,7 @@ arrival minus when the audio up to its end was sent), the largest lag and the po
 The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s.
 
     scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
-        [--endpoint-ms 400] [--max-batch 4] [--json out.json]
+        [--preview-pad-seconds 0] [--endpoint-ms 400] [--max-batch 4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--pad-seconds", type=int, default=None)
+    parser.add_argument("--preview-pad-seconds", type=int, default=EngineConfig.preview_pad_seconds,
+                        help="0: partials decode the whole window")
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms)
     parser.add_argument("--max-batch", type=int, default=SchedulerConfig.max_num_seqs)
     parser.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials)
@@ -70,10 +72,11 @@ def main() -> int:
                                 decode_interval=args.decode_interval_ms * 50 // 1000)
     config = EngineConfig(scheduler=scheduler,
                           pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
+                          preview_pad_seconds=args.preview_pad_seconds or None,
                           agree_after_ms=args.agree_after_ms)
-    print(f"pad_seconds {args.pad_seconds}, endpoint_ms {args.endpoint_ms}, max batch "
-          f"{args.max_batch}, decode interval {args.decode_interval_ms} ms, agree after "
-          f"{args.agree_after_ms} ms, {args.threads} threads, "
+    print(f"pad_seconds {args.pad_seconds}, preview pad {args.preview_pad_seconds}, endpoint_ms "
+          f"{args.endpoint_ms}, max batch {args.max_batch}, decode interval "
+          f"{args.decode_interval_ms} ms, agree after {args.agree_after_ms} ms, {args.threads} threads, "
           f"{samples.shape[0] / 16000:.1f} s per session")
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")
     rows = []

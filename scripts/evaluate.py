@@ -202,6 +202,8 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=1, help="streaming sessions at once")
     parser.add_argument("--fast", action="store_true", help="stream as fast as possible")
     parser.add_argument("--pad-seconds", type=int, default=None)
+    parser.add_argument("--preview-pad-seconds", type=int, default=EngineConfig.preview_pad_seconds,
+                        help="0: partials decode the whole window")
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms, help="0: off")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip", nargs="*", default=[], choices=["stream", "offline", "fw-int8"])
@@ -211,7 +213,8 @@ def main() -> int:
     rows = [Row(r) for r in recordings()]
     systems = []
     if "stream" not in args.skip:
-        config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None)
+        config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
+                              preview_pad_seconds=args.preview_pad_seconds or None)
         asyncio.run(stream_all(rows, args.parallel, args.fast, config))
         systems.append("stream")
     if "offline" not in args.skip:
@@ -221,7 +224,7 @@ def main() -> int:
         systems.append("fw-int8")
     mode = "fast" if args.fast else "real time"
     print(f"streaming: {mode}, {args.parallel} at once, 100 ms chunks, endpoint {args.endpoint_ms} ms, "
-          f"pad {args.pad_seconds}; {args.threads} threads")
+          f"pad {args.pad_seconds}, preview pad {args.preview_pad_seconds}; {args.threads} threads")
     print(table(rows, systems))
     if args.json:
         Path(args.json).write_text(json.dumps([{

@@ -260,14 +260,47 @@ def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     assert first.drafts == {}
     engine.update_from_output(engine.execute(first))
     request = engine.scheduler.requests["s"]
-    tokens = list(request.draft_tokens)
-    assert tokens and request.draft_start == 0
+    tokens = list(request.drafts[0])
+    assert tokens and list(request.drafts) == [0]
     engine.add_audio("s", samples[32000:64000])
     second = engine.schedule()
     assert second.drafts == {"s": tokens}
     out = engine.update_from_output(engine.execute(second))[0]
     assert "married" in normalize("".join(w.text for w in out.committed + out.tentative))
-    assert request.draft_tokens != tokens  # the 4 s decode replaced the draft
-    request.draft_start = 5  # as after a cut: the window no longer starts where it was decoded
+    assert request.drafts[0] != tokens  # the 4 s decode replaced the draft
+    engine._cut(request, 100)  # the window no longer starts where it was decoded
+    assert request.drafts == {}
     engine.add_audio("s", samples[64000:])
     assert engine.schedule().drafts == {}
+
+
+def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing():
+    """With endpointing, a partial under agree_after_ms since the last final decodes only
+    that audio (10 s padding, all committed words as its prompt): shown, never committed."""
+    samples, _ = concatenated([librivox_path("0880"), librivox_path("0920")], gap_seconds=1.0)
+    samples = samples.numpy()
+    engine = Engine(bundle(), EngineConfig())
+    engine.add_request("s")
+    request = engine.scheduler.requests["s"]
+    finals, previews = [], []
+    for i in range(0, len(samples), 3200):
+        engine.add_audio("s", samples[i : i + 3200])
+        step = engine.schedule()
+        if step is None:
+            continue
+        (window,) = step.scheduled.windows
+        output = engine.execute(step)
+        (out,) = engine.update_from_output(output)
+        if window.final:
+            finals.append((window.window_end, out.committed))
+        elif finals and window.preview:
+            assert window.window_start == finals[-1][0]  # from the end of the last final
+            assert step.prompts["s"] == [t for w in engine.policies["s"].committed for t in w.tokens]
+            assert out.committed == [] and output.results[0].preview
+            previews.append(" ".join(normalize("".join(w.text for w in out.tentative))))
+    texts = [" ".join(normalize("".join(w.text for w in c))) for _, c in finals]
+    assert "young man" in texts[0] and "amiable woman" in texts[1]  # one final per sentence
+    assert request.preview_start == finals[-1][0] and request.window_start == 0  # kept as context
+    assert previews and "amiable woman" in previews[-1]  # the second sentence, tentative
+    assert engine.runner.padded_length(100, preview=True) == 500  # a 10 s encoder pass
+    assert engine.runner.padded_length(100) == 1500

@@ -333,3 +333,47 @@ def test_only_silence_since_the_last_decode_is_not_decoded_again():
     request.last_speech_end = 0
     scheduler.add_request(request)
     assert [w.window_end for w in scheduler.schedule().windows] == [80]
+
+
+def test_partials_after_a_final_are_previews_until_they_could_commit():
+    scheduler = Scheduler(SchedulerConfig(decode_interval=4, preview_positions=40))
+    request = make_request("a", 9)  # 36 positions
+    scheduler.add_request(request)
+
+    def step() -> tuple[int, int, bool, bool]:
+        (w,) = scheduler.schedule().windows
+        return w.window_start, w.window_end, w.final, w.preview
+
+    assert step() == (0, 36, False, True)  # nothing committed yet: a preview from 0
+    request.endpoints.append(36)
+    assert step() == (0, 36, True, False)  # finals decode the whole window
+    request.endpoints.clear()
+    request.preview_start = 36  # what the engine sets after that final
+    add_items(request, 5)
+    assert step() == (36, 56, False, True)  # only the audio since the final
+    add_items(request, 5)
+    assert step() == (0, 76, False, False)  # 40 positions since the final: could commit
+    request.window_start = 60  # a cut past the preview start
+    add_items(request, 2)
+    assert step() == (60, 84, False, False)
+
+
+def test_a_final_window_without_speech_is_not_marked_for_decoding():
+    scheduler = Scheduler(SchedulerConfig(decode_interval=4))
+    request = make_request("a", 10)
+    scheduler.add_request(request)
+    request.window_start = request.num_decoded_positions = 40  # committed and cut at 40
+    add_items(request, 5)
+    request.last_speech_end = 40  # the new items are silence
+    request.input_finished = True
+    (window,) = scheduler.schedule().windows
+    assert (window.window_start, window.window_end, window.final, window.speech) == (40, 60, True, False)
+
+
+def test_a_re_decoded_last_word_does_not_match_its_later_repeat():
+    policy = LocalAgreement()
+    policy.flush(words("to be rather selfish is to be old-sposed"))
+    # the window still holds those 8 words; the re-decode heard the last one differently
+    hypothesis = words("to be rather selfish is to be ill-disposed he was not an old-sposed young man")
+    committed = policy.flush(hypothesis).committed
+    assert [w.key for w in committed] == ["he", "was", "not", "an", "oldsposed", "young", "man"]

@@ -123,10 +123,11 @@ class MultiHeadAttention(nn.Module):
         are done by the caller.
 
         `mask` (B, 1, Tq, Tk) bool, True where a query may attend, replaces the causal mask.
+        Keys in another dtype than q (16-bit cross keys) set the dtype of the attention.
         """
         b, tq, d = q.shape
         h = self.n_head
-        q = q.view(b, tq, h, d // h).transpose(1, 2)  # (B, H, Tq, D/H)
+        q = q.view(b, tq, h, d // h).transpose(1, 2).to(k.dtype)  # (B, H, Tq, D/H)
         # causal with a cache: query i sits at position (Tk - Tq + i) and may see keys <= it
         if mask is None and causal and tq > 1:
             tk = k.shape[2]
@@ -156,7 +157,8 @@ class ResidualAttentionBlock(nn.Module):
                 k = torch.cat([cache.self_k, k], dim=2)
                 v = torch.cat([cache.self_v, v], dim=2)
             cache.self_k, cache.self_v = k, v
-        x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None, mask=mask)
+        x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None,
+                     mask=mask).to(x.dtype)
 
         if self.cross_attn is not None:
             assert xa is not None or (cache is not None and cache.cross_k is not None)
@@ -164,10 +166,11 @@ class ResidualAttentionBlock(nn.Module):
             if cache is not None and cache.cross_k is not None:
                 ck, cv = cache.cross_k, cache.cross_v
             else:
+                xa = xa.to(cross.key.weight.dtype)
                 ck, cv = cross.heads(cross.key(xa)), cross.heads(cross.value(xa))
                 if cache is not None:
                     cache.cross_k, cache.cross_v = ck, cv
-            x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv)
+            x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv).to(x.dtype)
 
         return x + self.mlp(self.mlp_ln(x))
 
@@ -310,6 +313,15 @@ class Whisper(nn.Module):
         norm and everything the decoder reads stay in the model dtype). Converts the block
         weights in place: going back to float32 does not restore the lost bits."""
         self.encoder.blocks.to(dtype)
+
+    def set_cross_dtype(self, dtype: torch.dtype) -> None:
+        """Compute and keep the decoder's cross-attention keys and values in `dtype`, and
+        attend to them in it (the rest of the decoder stays in the model dtype). For a batch
+        of 30 s windows these keys are the largest tensors the decoder computes and reads
+        every token. Converts those weights in place, as `set_encoder_dtype`."""
+        for block in self.decoder.blocks:
+            block.cross_attn.key.to(dtype)
+            block.cross_attn.value.to(dtype)
 
     def forward(self, mel: Tensor, tokens: Tensor) -> Tensor:
         return self.decoder(tokens, self.encoder(mel))
