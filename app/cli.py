@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from engine.engine import EngineConfig
 from engine.scheduler import SchedulerConfig
 
 
@@ -59,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from app.config import ServerConfig
     from app.server import Server
-    from engine.engine import Engine, EngineConfig
+    from engine.engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per request
@@ -70,7 +71,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_lag_s=args.max_lag, max_backlog_s=args.max_backlog,
                           resume_grace_s=args.resume_grace)
     engine_config = EngineConfig(scheduler=SchedulerConfig(max_partials=args.max_partials),
-                                 pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None)
+                                 pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
+                                 preview_pad_seconds=args.preview_pad_seconds or None)
     server = Server(Engine(_load(args), engine_config), config)
     try:
         asyncio.run(server.serve_forever())
@@ -122,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                         "default: 30 s windows)")
     p.add_argument("--endpoint-ms", type=int, default=250,
                    help="a pause this long after speech commits the utterance at once (0: off)")
+    p.add_argument("--preview-pad-seconds", type=int, default=EngineConfig.preview_pad_seconds,
+                   help="partials that cannot commit yet decode only the audio since the last "
+                        "final, padded to a multiple of this (0: the whole window, as finals)")
     p.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials,
                    help="partial (tentative) windows decoded per step; finals are not limited")
     _add_model_args(p)

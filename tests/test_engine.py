@@ -210,6 +210,8 @@ def test_shorter_padding_keeps_the_streamed_words():
     assert errors / n <= 0.1
     with pytest.raises(ValueError, match="pad_seconds"):
         Engine(bundle(), EngineConfig(pad_seconds=0))
+    with pytest.raises(ValueError, match="preview_pad_seconds"):
+        Engine(bundle(), EngineConfig(preview_pad_seconds=31))
     with pytest.raises(ValueError, match="max_partials"):
         Engine(bundle(), EngineConfig(scheduler=SchedulerConfig(max_partials=0)))
 
