@@ -128,11 +128,10 @@ class MultiHeadAttention(nn.Module):
         are done by the caller.
 
         `mask` (B, 1, Tq, Tk) bool, True where a query may attend, replaces the causal mask.
-        Keys in another dtype than q (16-bit cross keys) set the dtype of the attention.
         """
         b, tq, d = q.shape
         h = self.n_head
-        q = q.view(b, tq, h, d // h).transpose(1, 2).to(k.dtype)  # (B, H, Tq, D/H)
+        q = q.view(b, tq, h, d // h).transpose(1, 2)  # (B, H, Tq, D/H)
         # causal with a cache: query i sits at position (Tk - Tq + i) and may see keys <= it
         if mask is None and causal and tq > 1:
             tk = k.shape[2]
@@ -166,8 +165,7 @@ class ResidualAttentionBlock(nn.Module):
                 k = torch.cat([cache.self_k, k], dim=2)
                 v = torch.cat([cache.self_v, v], dim=2)
             cache.self_k, cache.self_v = k, v
-        x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None,
-                     mask=mask).to(x.dtype)
+        x = x + attn(attn.query(h), k, v, causal=cache is not None or xa is not None, mask=mask)
 
         if self.cross_attn is not None:
             assert xa is not None or (cache is not None and cache.cross_k is not None)
@@ -178,7 +176,7 @@ class ResidualAttentionBlock(nn.Module):
                 ck, cv = cross.heads(cross.key(xa)), cross.heads(cross.value(xa))
                 if cache is not None:
                     cache.cross_k, cache.cross_v = ck, cv
-            x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv).to(x.dtype)
+            x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv)
 
         return x + self.mlp(self.mlp_ln(x))
 
