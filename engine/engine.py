@@ -99,7 +99,7 @@ class Engine:
         for name in ("pad_seconds", "preview_pad_seconds"):
             seconds = getattr(self.config, name)
             if seconds is not None and not 1 <= seconds <= 30:
-                raise ValueError(f"{name} must be 1-30 (or None for 30 s windows), got {seconds}")
+                raise ValueError(f"{name} must be 1-30 seconds (or None), got {seconds}")
         if self.config.endpoint_ms is not None and not 80 <= self.config.endpoint_ms <= 10_000:
             raise ValueError(f"endpoint_ms must be 80-10000 (or None: off), got {self.config.endpoint_ms}")
         if self.config.scheduler.max_partials < 1:
