@@ -327,8 +327,11 @@ class Engine:
                 request.status = RequestStatus.FINISHED
                 self._drop(rid)
             return EngineOutput(rid, committed, [], finished=done, flushed_ms=flushed_ms)
-        if result.preview:  # only the audio since the last final: shown, never committed
-            return EngineOutput(rid, [], self._audio_words(rid, policy.preview(result.words)))
+        if result.preview:
+            # only the audio past the committed words: the tentative tail to show. The policy
+            # does not see it (no agreement, and a final that finds nothing new does not
+            # commit it): a short window alone decodes worse, Whisper's " you" on a breath
+            return EngineOutput(rid, [], self._audio_words(rid, result.words))
         # with endpointing, pauses commit; agreement commits only long unbroken speech
         agree_after = self.config.agree_after_ms if self.config.endpoint_ms is not None else 0
         pending_ms = position_to_ms(end) - policy.committed_end_ms

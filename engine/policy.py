@@ -93,12 +93,6 @@ class LocalAgreement:
         self.previous = words[agreed:]
         return PolicyUpdate(newly, list(self.previous))
 
-    def preview(self, hypothesis: list[Word]) -> list[Word]:
-        """A hypothesis of only the audio past the committed words: the tentative tail to
-        show. It is not kept as the `previous` hypothesis (nothing agrees with it and a final
-        never commits it): a short window alone decodes worse, Whisper's " you" on a breath."""
-        return list(hypothesis)
-
     def flush(self, hypothesis: list[Word] | None = None) -> PolicyUpdate:
         """Commit everything: the given final hypothesis, or the last tentative tail.
 
