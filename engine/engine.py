@@ -18,6 +18,7 @@ from audio.frames import CONTEXT_BEFORE, ITEM_SAMPLES, STREAM_LOG_FLOOR, AudioFr
 from audio.io import SAMPLE_RATE
 from audio.vad import level_db
 from engine.model import ModelBundle
+from engine.model.decoding import shift_timestamps
 from engine.model_runner import ModelRunner, RunnerOutput, WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate, Word
 from engine.processor_cache import ProcessorCache
@@ -264,9 +265,24 @@ class Engine:
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
             policy = self.policies[window.request_id]
             prompts[window.request_id] = policy.prompt_tokens(in_window=not window.preview)
-            if window.window_start in request.drafts:  # timestamps still line up
-                drafts[window.request_id] = request.drafts[window.window_start]
+            draft = self._draft(request, window.window_start, window.preview)
+            if draft:
+                drafts[window.request_id] = draft
         return StepInput(scheduled, snapshot, prompts, drafts)
+
+    def _draft(self, request: Request, start: int, preview: bool) -> list[int]:
+        """The tokens a decode of the window from `start` is likely to give: the last decode
+        from there (its timestamps line up), followed, for a window that starts before the
+        last final's end, by the newer preview of the audio since then, its timestamps moved
+        to this window's. Verified by the decoder, so a wrong guess costs time, not text."""
+        end, tokens = request.drafts.get(start, (start, []))
+        if preview or request.preview_start <= start:
+            return tokens
+        preview_end, preview_tokens = request.drafts.get(request.preview_start, (0, []))
+        if preview_end <= end:
+            return tokens  # no preview since that decode
+        return tokens + shift_timestamps(preview_tokens, request.preview_start - start,
+                                         self.bundle.tokenizer.timestamp_begin)
 
     def execute(self, step: StepInput) -> RunnerOutput:
         """Run the model for a scheduled step. Safe in a worker thread while the caller adds
@@ -301,7 +317,7 @@ class Engine:
     def _apply(self, request: Request, result: WindowResult) -> EngineOutput:
         policy = self.policies[request.request_id]
         start = request.preview_start if result.preview else request.window_start
-        request.drafts[start] = result.tokens
+        request.drafts[start] = (request.num_decoded_positions, result.tokens)
         if result.temperature > 0.5:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         end = request.num_decoded_positions

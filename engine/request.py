@@ -89,9 +89,9 @@ class Request:
     num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed
     num_freed_items: int = 0  # items [0, n) were released from the encoder cache
     output_token_ids: list[int] = field(default_factory=list)  # -1: placeholder not filled yet
-    # window start -> the last decode's tokens from there: the draft of the next decode of
-    # a window with that start (the window's and the preview's, at most two entries)
-    drafts: dict[int, list[int]] = field(default_factory=dict)
+    # window start -> (window end, tokens) of the last decode from there: the draft of the
+    # next decode of a window with that start (the window's and the preview's, at most two)
+    drafts: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
     error: str | None = None
 
     @property

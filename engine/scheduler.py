@@ -33,6 +33,9 @@ class SchedulerConfig:
     # audio (a preview, which the engine shows and never commits); 0: partials decode the
     # whole window. The engine sets it to what cannot commit yet (EngineConfig.preview_pad_seconds).
     preview_positions: int = 0
+    # a step with a final window takes no partials: a final's latency is its own step's time
+    # (plus the step it waited for), not that of a batch of partials behind it
+    finals_alone: bool = True
 
 
 @dataclass
@@ -44,8 +47,8 @@ class ScheduledWindow:
     item_hi: int
     final: bool  # input finished, or the window reaches the flush position: commit everything
     preview: bool = False  # a partial over only the audio since the last final: shown, never committed
-    speech: bool = True  # False: no item in the window was speech; it is not decoded (Whisper
-    # makes " you" of a breath), a final of it commits nothing new
+    speech: bool = True  # False: no item in the window was speech (for a final: none since the
+    # last final); it is not decoded (Whisper makes " you" of a breath), and commits nothing new
 
 
 @dataclass
@@ -111,7 +114,8 @@ class Scheduler:
             if not self.is_ready(request):
                 continue
             partial = not self.final_due(request)
-            if partial and num_partials >= self.config.max_partials:
+            if partial and (num_partials >= self.config.max_partials or (
+                    self.config.finals_alone and len(windows) > num_partials)):
                 break  # finals come first in `order`: only partials are left
             start = request.window_start
             end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
@@ -156,7 +160,10 @@ class Scheduler:
             # after speech: commit everything. Behind a backlog of over 30 s, they wait.
             final = (request.input_finished and end == request.num_positions) or (
                 0 < request.flush_position <= end) or endpoint == end
-            speech = request.last_speech_end > start or not self.config.decode_only_speech
+            # the words before preview_start are committed: a final with no speech after it
+            # has nothing to add (the finish after a pause re-decoded the whole utterance)
+            heard = max(start, request.preview_start) if final else start
+            speech = request.last_speech_end > heard or not self.config.decode_only_speech
             windows.append(ScheduledWindow(request_id, start, end, lo, hi, final, preview, speech))
             num_partials += partial
             request.num_decoded_positions = end

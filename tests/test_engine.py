@@ -262,14 +262,15 @@ def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     assert first.drafts == {}
     engine.update_from_output(engine.execute(first))
     request = engine.scheduler.requests["s"]
-    tokens = list(request.drafts[0])
+    end, tokens = request.drafts[0]
+    assert 90 <= end <= 100  # where the 2 s window ended (the framer keeps back a little)
     assert tokens and list(request.drafts) == [0]
     engine.add_audio("s", samples[32000:64000])
     second = engine.schedule()
     assert second.drafts == {"s": tokens}
     out = engine.update_from_output(engine.execute(second))[0]
     assert "married" in normalize("".join(w.text for w in out.committed + out.tentative))
-    assert request.drafts[0] != tokens  # the 4 s decode replaced the draft
+    assert request.drafts[0] != (end, tokens)  # the 4 s decode replaced the draft
     engine._cut(request, 100)  # the window no longer starts where it was decoded
     assert request.drafts == {}
     engine.add_audio("s", samples[64000:])

@@ -289,13 +289,20 @@ def test_partials_per_step_are_limited_but_finals_are_not():
             scheduler.requests[w.request_id].output_token_ids.append(-1)
         return [(w.request_id, w.final) for w in out.windows]
 
-    assert step() == [("c", True), ("d", True), ("a", False)]  # both finals, one partial
+    assert step() == [("c", True), ("d", True)]  # both finals; a step with finals has no partials
+    assert step() == [("a", False)]  # one partial a step
     assert step() == [("b", False)]  # b's turn; the others are in flight
     for request in requests[:2]:
         fill_placeholders(request.output_token_ids, [0])
         add_items(request, 2)
     assert step() == [("a", False)]  # one partial a step, round-robin: b waits though ready
     assert step() == [("b", False)]
+    scheduler.config.finals_alone = False
+    for request in requests:
+        fill_placeholders(request.output_token_ids, [0])
+    add_items(requests[0], 2)
+    requests[2].endpoints.append(40)
+    assert step() == [("c", True), ("d", True), ("a", False)]  # finals and one partial
 
 
 def words(text: str, start_ms: int = 0, step_ms: int = 300) -> list[Word]:
@@ -368,6 +375,14 @@ def test_a_final_window_without_speech_is_not_marked_for_decoding():
     request.input_finished = True
     (window,) = scheduler.schedule().windows
     assert (window.window_start, window.window_end, window.final, window.speech) == (40, 60, True, False)
+    # a pause's final committed [0, 40) and the window was not cut: the finish has nothing new
+    request.window_start, request.preview_start = 0, 40
+    request.num_decoded_positions = 40
+    (window,) = scheduler.schedule().windows
+    assert (window.window_start, window.window_end, window.final, window.speech) == (0, 60, True, False)
+    request.last_speech_end = 44  # speech after the last final: decode the whole window
+    (window,) = scheduler.schedule().windows
+    assert (window.window_start, window.window_end, window.speech) == (0, 60, True)
 
 
 def test_a_re_decoded_last_word_does_not_match_its_later_repeat():

@@ -9,7 +9,13 @@ import torch
 
 from audio.mel import N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model import CheckpointError, load_bundle
-from engine.model.decoding import DecodingOptions, decode, decode_batch
+from engine.model.decoding import (
+    DecodingOptions,
+    decode,
+    decode_batch,
+    realign_draft,
+    shift_timestamps,
+)
 from engine.model.loader import cpu_has_bf16, default_model_path, load_model, load_state, openai_to_hf
 from engine.wer import normalize
 from tests.helpers import ARCTIC_IDS, audio, bundle, exact_bundle, librivox_path
@@ -191,8 +197,8 @@ def test_draft_tokens_give_the_greedy_result_in_fewer_decoder_steps(monkeypatch)
     wrong[6] = wrong[5]  # greedy disagrees at token 6: the rest of the draft must be dropped
     drafts = [exact, wrong, exact[:12]]  # right, wrong in the middle, another window's tokens
     calls = []
-    forward = b.model.decoder.forward
-    monkeypatch.setattr(b.model.decoder, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    hidden = b.model.decoder.hidden
+    monkeypatch.setattr(b.model.decoder, "hidden", lambda *a, **k: calls.append(1) or hidden(*a, **k))
     drafted = decode_batch(b.model, b.tokenizer, features,
                            [DecodingOptions(prompt=o.prompt, audio_seconds=o.audio_seconds, draft=d)
                             for o, d in zip(options, drafts, strict=True)], b.suppress)
@@ -204,3 +210,43 @@ def test_draft_tokens_give_the_greedy_result_in_fewer_decoder_steps(monkeypatch)
     assert longest > 20
     # without drafts: one call per token of the longest row; row 1 needs len - 6 more steps
     assert len(calls) <= len(plain[1].tokens) - 6 + 2
+
+
+def test_a_draft_whose_timestamps_are_off_is_realigned_and_still_saves_the_steps(monkeypatch):
+    """The preview of new audio, moved into a longer window, has its segments a few positions
+    off: greedy rejects the first such timestamp, the rest of the draft moves with it."""
+    b = bundle()
+    features, _, options = three_windows()
+    plain = decode_batch(b.model, b.tokenizer, features, options, b.suppress)
+    ts = b.tokenizer.timestamp_begin
+    drafts = []
+    for result in plain:
+        stamps = [i for i, t in enumerate(result.tokens) if t >= ts]
+        assert len(stamps) >= 2  # a start and an end timestamp at least
+        cut = stamps[1]  # the first segment's end and all after it: 3 positions (60 ms) late
+        drafts.append(result.tokens[:cut] + shift_timestamps(result.tokens[cut:], 3, ts))
+    assert all(d != r.tokens for d, r in zip(drafts, plain, strict=True))
+    calls = []
+    hidden = b.model.decoder.hidden
+    monkeypatch.setattr(b.model.decoder, "hidden", lambda *a, **k: calls.append(1) or hidden(*a, **k))
+    drafted = decode_batch(b.model, b.tokenizer, features,
+                           [DecodingOptions(prompt=o.prompt, audio_seconds=o.audio_seconds, draft=d)
+                            for o, d in zip(options, drafts, strict=True)], b.suppress)
+    for result, expected in zip(drafted, plain, strict=True):
+        assert result.tokens == expected.tokens and result.stop == expected.stop
+        assert abs(result.avg_logprob - expected.avg_logprob) < 1e-3
+    # the draft call, the call from the moved timestamp on, the one that finds eot
+    assert len(calls) <= 3 < max(len(r.tokens) for r in plain)
+
+
+def test_shift_timestamps_moves_only_timestamps_and_stops_outside_the_range():
+    ts = 1000
+    assert shift_timestamps([ts, 5, 6, ts + 10], 20, ts) == [ts + 20, 5, 6, ts + 30]
+    assert shift_timestamps([ts + 2, 5, ts + 1495], 10, ts) == [ts + 12, 5]  # past 30.00 s
+    assert shift_timestamps([ts + 2, 5, ts + 1], -2, ts) == [ts, 5]  # before 0.00 s
+    assert realign_draft([7, ts + 9], ts + 4, ts + 5, ts) == [7, ts + 10]
+    assert realign_draft([7, 8], 9, 7, ts) == [8]  # the draft had a token too many
+    assert realign_draft([ts + 9, 7, 8], ts + 8, 7, ts) == [8]  # a segment break too many
+    assert realign_draft([7, 8], 9, 6, ts) == [7, 8]  # one token differs
+    assert realign_draft([7, 8], 9, 6, ts, inserted=True) == [9, 7, 8]  # a comma more
+    assert realign_draft([7, 8], 9, ts + 3, ts) == [9, 7, 8]  # a segment ends here

@@ -205,64 +205,115 @@ class _Row:
         )
 
 
+def shift_timestamps(tokens: list[int], positions: int, timestamp_begin: int,
+                     num_timestamps: int = 1501) -> list[int]:
+    """A decode's tokens as they would read in a window starting `positions` earlier: every
+    timestamp moved by that much (one timestamp token per encoder position; negative: later);
+    cut before the first one that falls outside the timestamps."""
+    shifted = []
+    for t in tokens:
+        if t >= timestamp_begin:
+            t += positions
+            if not timestamp_begin <= t < timestamp_begin + num_timestamps:
+                break
+        shifted.append(t)
+    return shifted
+
+
+def realign_draft(rest: list[int], rejected: int, chosen: int, timestamp_begin: int,
+                  inserted: bool = False) -> list[int]:
+    """The draft after its token `rejected` where greedy decoding chose `chosen` instead:
+    - both timestamps (a segment starts or ends a little earlier or later): the tokens past
+      it, their timestamps moved by the difference;
+    - `chosen` is among the next two draft tokens (the draft had a token or a segment break
+      too many): the tokens past it;
+    - `chosen` is a timestamp or `inserted` (punctuation the draft lacks): `rejected` and
+      the tokens past it (the draft goes on after the insertion);
+    - else the tokens past it as they are (one word differs).
+    """
+    if rejected >= timestamp_begin and chosen >= timestamp_begin:
+        return shift_timestamps(rest, chosen - rejected, timestamp_begin)
+    if chosen in rest[:2]:
+        return rest[rest.index(chosen) + 1 :]
+    if chosen >= timestamp_begin or inserted:
+        return [rejected, *rest]
+    return rest
+
+
 @torch.inference_mode()
 def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
                  options: list[DecodingOptions], suppress: list[int]) -> list[DecodingResult]:
-    """audio_features: (B, n_audio_ctx, n_state) -> B sequences decoded together.
+    """audio_features: (B, n_audio_ctx, n_audio_state) -> B sequences decoded together.
 
     Prompts of different lengths are left-padded; each row keeps its own positions and never
-    attends to the padding, so a row decodes as it would alone. A row's draft follows its
-    prompt in the first forward pass; the logit rules and greedy choice run over the draft
-    position by position, so the result is the plain greedy one, and every draft token it
-    agrees with saves a decoder step (speculative decoding with the last hypothesis as the
-    draft). Finished rows leave the batch (their cache rows are dropped).
+    attends to the padding, so a row decodes as it would alone. A row's draft (the tokens
+    greedy decoding is likely to produce) is fed with the token before it; the logit rules
+    and greedy choice run over it position by position, so the result is the plain greedy
+    one, and every draft token it agrees with saves a decoder call (speculative decoding).
+    Where greedy differs, the rejected tokens' keys are dropped and the rest of the draft,
+    realigned, is fed with the chosen token in the next call. Finished rows leave the batch
+    (their cache rows are dropped).
     """
     device = audio_features.device
+    eot, ts_begin = tokenizer.eot, tokenizer.timestamp_begin
     initials = [initial_tokens(tokenizer, o) for o in options]
     rows = [_Row(model, tokenizer, o, suppress, len(i), device)
             for o, i in zip(options, initials, strict=True)]
-    drafts = [o.draft[: row.budget] if o.temperature == 0 else []
-              for o, row in zip(options, rows, strict=True)]
-    sequences = [i + d for i, d in zip(initials, drafts, strict=True)]
-    width = max(len(q) for q in sequences)
-    tokens = torch.full((len(sequences), width), tokenizer.eot, dtype=torch.long)
-    valid = torch.zeros(len(sequences), width, dtype=torch.bool)
-    for b, sequence in enumerate(sequences):
-        tokens[b, width - len(sequence) :] = torch.tensor(sequence)
-        valid[b, width - len(sequence) :] = True
-    num_logits = min(width, max(len(d) for d in drafts) + 2)  # sot (no-speech), then the draft
-
+    rests = [o.draft[: row.budget] if o.temperature == 0 else []
+             for o, row in zip(options, rows, strict=True)]  # per row: draft tokens to feed
+    feeds = [i + d for i, d in zip(initials, rests, strict=True)]  # per row: tokens this call
+    lengths = [0] * len(rows)  # per row: tokens in its cache (its next position)
     cache = model.decoder.new_cache()
-    ragged = any(len(q) != width for q in sequences) or any(drafts)
-    logits = model.decoder(tokens.to(device), audio_features, cache,
-                           valid=valid.to(device) if ragged else None,
-                           num_logits=num_logits)  # (B, num_logits, vocab)
-
-    chosen: list[int] = []  # per row: the token to feed next
-    for b, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
-        first = num_logits - 1 - len(draft)  # logits after the last initial token
-        if tokenizer.no_speech >= 0:
-            sot = first - (0 if row.options.timestamps else 1)
-            row.no_speech_prob = float(logits[b, sot].softmax(-1)[tokenizer.no_speech])
-        accepted = 0
-        token = row.next_token(logits[b, first], tokenizer.eot)
-        while not row.stop and accepted < len(draft) and token == draft[accepted]:
-            accepted += 1
-            token = row.next_token(logits[b, first + accepted], tokenizer.eot)
-        if accepted < len(draft):  # the rest of the draft is not this row's sequence
-            cache.drop_keys(b, width - len(draft) + accepted, len(initials[b]) + accepted)
-        chosen.append(token)
-
+    xa: Tensor | None = audio_features
     active = list(range(len(rows)))  # batch row -> index in `rows`
-    while True:
+    first = True
+    extras = [1 + (not o.timestamps) for o in options]  # logits before the draft's: first call
+    while active:
+        width = max(len(feeds[r]) for r in active)
+        tokens = torch.full((len(active), width), eot, dtype=torch.long)
+        valid = torch.zeros(len(active), width, dtype=torch.bool)
+        wanted = torch.zeros(len(active), width, dtype=torch.bool)  # positions to project
+        for j, r in enumerate(active):
+            feed = feeds[r]
+            tokens[j, width - len(feed) :] = torch.tensor(feed)
+            valid[j, width - len(feed) :] = True
+            # the logits after the token before the draft and after each draft token; on the
+            # first call without timestamps also after sot (no-speech), two tokens before
+            wanted[j, width - len(rests[r]) - extras[r] :] = True
+        ragged = any(len(feeds[r]) != width or rests[r] for r in active)
+        hidden = model.decoder.hidden(tokens.to(device), xa, cache,
+                                      valid.to(device) if ragged else None)  # (B', width, D)
+        logits = model.decoder.logits(hidden[wanted.to(device)])  # (wanted positions, vocab)
+        keys_before = cache.num_tokens - width
+        offset = 0
+        for j, r in enumerate(active):
+            row, feed, rest = rows[r], feeds[r], rests[r]
+            n = len(rest) + extras[r]
+            here = logits[offset : offset + n]
+            offset += n
+            if first and tokenizer.no_speech >= 0:  # here[0]: after sot
+                row.no_speech_prob = float(here[0].softmax(-1)[tokenizer.no_speech])
+            here = here[extras[r] - 1 :]  # after the token before the draft, then the draft
+            accepted = 0
+            token = row.next_token(here[0], eot)
+            while not row.stop and accepted < len(rest) and token == rest[accepted]:
+                accepted += 1
+                token = row.next_token(here[accepted], eot)
+            lengths[r] += len(feed) - len(rest) + accepted
+            if accepted < len(rest):  # the rest of the draft is not this row's sequence
+                rejected = width - len(rest) + accepted  # its index among this call's tokens
+                cache.drop_keys(j, keys_before + rejected, lengths[r])
+                inserted = token < ts_begin and not any(c.isalnum() for c in tokenizer.decode([token]))
+                rest = realign_draft(rest[accepted + 1 :], rest[accepted], token, ts_begin, inserted)
+                if accepted == 0 and token < ts_begin:
+                    rest = []  # the draft was off from its first text token: stop guessing
+            else:
+                rest = []
+            feeds[r], rests[r] = [token, *rest], rest
+        first, xa, extras = False, None, [1] * len(rows)
         keep = [j for j, r in enumerate(active) if not rows[r].stop]
-        if not keep:
-            break
         if len(keep) < len(active):
-            cache.select(torch.tensor(keep, device=device))
+            if keep:
+                cache.select(torch.tensor(keep, device=device))
             active = [active[j] for j in keep]
-            chosen = [chosen[j] for j in keep]
-        step = torch.tensor(chosen, device=device)[:, None]  # (B', 1)
-        last = model.decoder(step, None, cache, num_logits=1)[:, -1]
-        chosen = [rows[r].next_token(last[j], tokenizer.eot) for j, r in enumerate(active)]
     return [row.result(tokenizer) for row in rows]

@@ -255,11 +255,20 @@ class TextDecoder(nn.Module):
     def forward(self, tokens: Tensor, xa: Tensor | None, cache: DecoderCache | None = None,
                 valid: Tensor | None = None, num_logits: int | None = None) -> Tensor:
         """tokens: (B, T) new tokens; xa: (B, n_audio_ctx, n_audio_state) -> logits
-        (B, num_logits or T, vocab) of the last `num_logits` positions (default: all).
+        (B, num_logits or T, vocab) of the last `num_logits` positions (default: all)."""
+        x = self.hidden(tokens, xa, cache, valid)
+        if num_logits is not None:
+            x = x[:, x.shape[1] - num_logits :]  # the projection is the costly part: skip the prompt
+        return self.logits(x)
+
+    def hidden(self, tokens: Tensor, xa: Tensor | None, cache: DecoderCache | None = None,
+               valid: Tensor | None = None) -> Tensor:
+        """tokens: (B, T) new tokens -> (B, T, n_text_state) normalized final states.
 
         With a cache, `xa` is only read on the first call (cross keys/values are kept).
-        `valid` (B, T) bool marks real tokens in a left-padded first call: each row's tokens
-        then take positions 0, 1, ... of their own and nothing attends to the padding.
+        `valid` (B, T) bool marks real tokens in a padded call: each row's tokens then take
+        the row's next positions (0, 1, ... on the first call) and nothing attends to the
+        padding.
         """
         offset = cache.num_tokens if cache is not None else 0
         n = tokens.shape[-1]
@@ -275,9 +284,10 @@ class TextDecoder(nn.Module):
             x = block(x, xa, cache.layers[i] if cache is not None else None, mask)
         if cache is not None:
             cache.num_tokens += n
-        if num_logits is not None:
-            x = x[:, x.shape[1] - num_logits :]  # the projection is the costly part: skip the prompt
-        x = self.ln(x)
+        return self.ln(x)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """(..., n_text_state) final states -> (..., vocab) float32 logits."""
         weight = self.projection if self.projection is not None else self.token_embedding.weight
         return (x.to(weight.dtype) @ weight.T).float()
 
