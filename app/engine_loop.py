@@ -21,7 +21,7 @@ import numpy as np
 
 from app.metrics import Metrics
 from audio.io import SAMPLE_RATE
-from engine.engine import Engine, EngineOutput
+from engine.engine import Engine, EngineOutput, StepInput
 from engine.model_runner import RunnerOutput
 from engine.request import SAMPLES_PER_POSITION
 
@@ -115,7 +115,7 @@ class EngineLoop:
             step = engine.schedule()
             if step is not None:
                 started = time.perf_counter()
-                output = await asyncio.to_thread(engine.execute, step)
+                output = await self._execute(step)
                 self._record(started, output)
                 for result in engine.update_from_output(output):
                     self._route(result)
@@ -129,6 +129,26 @@ class EngineLoop:
                     await asyncio.wait_for(self.wakeup.wait(), timeout)
                 except TimeoutError:
                     pass
+
+    async def _execute(self, step: StepInput) -> RunnerOutput:
+        """Run the step in a worker thread; meanwhile apply the commands that come in, and
+        when one makes a final due while the step has partials only, give that step up (its
+        sessions get their next partial later): a final waits for at most one decoder call,
+        not for a batch of partials."""
+        engine = self.engine
+        running = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
+        has_final = any(w.final for w in step.scheduled.windows)
+        while True:
+            if self.commands:
+                self._apply_commands()
+                if not has_final and engine.final_due():
+                    engine.stop_partials.set()
+            if running.done():
+                return running.result()
+            self.wakeup.clear()  # no command can come in between: this is the event loop
+            woken = asyncio.ensure_future(self.wakeup.wait())
+            await asyncio.wait({running, woken}, return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
 
     def _record(self, started: float, output: RunnerOutput) -> None:
         self.metrics.step_time.observe(time.perf_counter() - started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -120,6 +121,8 @@ class Engine:
         self.pad_ends: dict[str, list[int]] = {}
         self.pad_totals: dict[str, list[int]] = {}
         self.last_stats = StepStats()
+        # set (from any thread) to give up the partials-only step in flight: a final fell due
+        self.stop_partials = threading.Event()
         params = f"{bundle.model_id}:{self.config.item_samples}:{STREAM_LOG_FLOOR}"
         self._hash_key = hashlib.blake2b(params.encode(), digest_size=16).digest()
 
@@ -254,6 +257,7 @@ class Engine:
         Each scheduled request gets a -1 placeholder that update_from_output fills; until then
         the scheduler skips it, so the next step can be scheduled while this one executes.
         """
+        self.stop_partials.clear()
         scheduled = self.scheduler.schedule()
         if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
             return None
@@ -289,7 +293,8 @@ class Engine:
         audio, flushes, aborts or schedules on its own thread: it reads only the step's
         snapshot, and the scheduler never hands out a request that is in flight."""
         try:
-            return self.runner.execute(step.scheduled, step.requests, step.prompts, step.drafts)
+            return self.runner.execute(step.scheduled, step.requests, step.prompts, step.drafts,
+                                       self.stop_partials.is_set)
         except Exception as e:  # a fault outside one window's decode: fail this step's sessions
             log.exception("model runner step failed")
             error = f"{type(e).__name__}: {e}"
@@ -305,6 +310,8 @@ class Engine:
             if request is None:  # aborted while the step ran
                 continue
             fill_placeholders(request.output_token_ids, [len(result.words)])
+            if result.cancelled:
+                continue  # a partial given up for a final: the next one shows the text
             if result.error is not None:
                 request.status, request.error = RequestStatus.ERROR, result.error
                 self._drop(result.request_id)
@@ -396,6 +403,10 @@ class Engine:
         """Round a position down to an item boundary, never behind the window start."""
         size = self.item_positions
         return max(request.window_start, min(position, request.num_positions) // size * size)
+
+    def final_due(self) -> bool:
+        """Whether some session waits for a final decode (a pause, a flush, its end)."""
+        return any(self.scheduler.final_due(r) for r in self.scheduler.requests.values())
 
     def has_work(self) -> bool:
         """Whether a request is ready to be scheduled (not counting those in flight)."""

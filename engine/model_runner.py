@@ -10,6 +10,7 @@ decoded token ids.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from engine.mm_window import get_mm_features_in_window
 from engine.model import ModelBundle
-from engine.model.decoding import DecodingOptions, DecodingResult, decode_batch
+from engine.model.decoding import DecodingCancelled, DecodingOptions, DecodingResult, decode_batch
 from engine.model.transcribe import TEMPERATURES, decode_with_fallback, split_segments
 from engine.policy import Word
 from engine.processor_cache import ProcessorCache
@@ -42,6 +43,7 @@ class WindowResult:
     complete_ms: int | None = None  # the words are whole segments up to here (Whisper's seek)
     temperature: float = 0.0  # of the decode kept (above 0: a fallback)
     tokens: list[int] = field(default_factory=list)  # the decoded text and timestamp tokens
+    cancelled: bool = False  # a partial given up for a final that fell due: no result
 
 
 @dataclass
@@ -133,14 +135,30 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: dict[str, Request],
-                prompts: dict[str, list[int]], drafts: dict[str, list[int]] | None = None
-                ) -> RunnerOutput:
+                prompts: dict[str, list[int]], drafts: dict[str, list[int]] | None = None,
+                stop: Callable[[], bool] | None = None) -> RunnerOutput:
         """Encode the new items, run the transformer over every window, decode them: windows
         and previews each as one batch (their padded lengths differ). A window's draft (its
-        previous decode) is verified instead of generated token by token."""
+        previous decode) is verified instead of generated token by token.
+
+        A step of partials only is given up once `stop()` says so (asked before each
+        transformer and decoder call): every window's result is then `cancelled`. The new
+        items are encoded all the same (the encoder cache counts on them)."""
         calls, items = self.encode_items(out, requests)
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(out.windows))
+        if stop is not None and not any(w.final for w in out.windows):
+            try:
+                return self._run_windows(out, requests, prompts, drafts or {}, result, stop)
+            except DecodingCancelled:
+                result.results = [WindowResult(w.request_id, [], False, w.preview, cancelled=True)
+                                  for w in out.windows]
+                return result
+        return self._run_windows(out, requests, prompts, drafts or {}, result, None)
+
+    def _run_windows(self, out: SchedulerOutput, requests: dict[str, Request],
+                     prompts: dict[str, list[int]], drafts: dict[str, list[int]],
+                     result: RunnerOutput, stop: Callable[[], bool] | None) -> RunnerOutput:
         groups: dict[bool, list[ScheduledWindow]] = {}
         for window in out.windows:
             if window.window_end > window.window_start and window.speech:
@@ -148,17 +166,19 @@ class ModelRunner:
             else:  # a flush or finish with no new audio, or no speech in it: nothing to decode
                 result.results.append(WindowResult(window.request_id, [], window.final, silence=True))
         for preview, windows in groups.items():
+            if stop is not None and stop():
+                raise DecodingCancelled
             length = self.padded_length(max(w.window_end - w.window_start for w in windows), preview)
             x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
             features = self.model.encoder.transformer(x)  # (B, length, n_state)
-            decoded = self.decode_windows(windows, features, prompts, drafts or {})
+            decoded = self.decode_windows(windows, features, prompts, drafts, stop)
             result.results += decoded
             result.num_fallbacks += sum(r.temperature > 0 for r in decoded)
         return result
 
     def decode_windows(self, windows: list[ScheduledWindow], features: torch.Tensor,
-                       prompts: dict[str, list[int]], drafts: dict[str, list[int]]
-                       ) -> list[WindowResult]:
+                       prompts: dict[str, list[int]], drafts: dict[str, list[int]],
+                       stop: Callable[[], bool] | None = None) -> list[WindowResult]:
         """Decode all windows as one batch; if that fails, each alone, so a fault stays with
         its own session."""
         rows = [b for b, w in enumerate(windows) if w.request_id not in self.fail_request_ids]
@@ -168,7 +188,7 @@ class ModelRunner:
         options = [self._options(windows[b], prompts, drafts) for b in rows]
         try:
             decoded = decode_batch(self.model, self.bundle.tokenizer, features[rows], options,
-                                   self.bundle.suppress) if rows else []
+                                   self.bundle.suppress, stop) if rows else []
             for b, opts, d in zip(rows, options, decoded, strict=True):
                 if self._commits(windows[b]) and d.needs_fallback and not d.is_silence:
                     # this decode is committed as is (no agreement check): as offline Whisper,
@@ -176,6 +196,8 @@ class ModelRunner:
                     d = decode_with_fallback(self.bundle, features[b : b + 1], opts.prompt,
                                              opts.audio_seconds, TEMPERATURES[1:])
                 results[b] = self._window_result(windows[b], d)
+        except DecodingCancelled:
+            raise
         except Exception:
             log.exception("batched decoding failed; decoding the %d windows one by one", len(rows))
             for b, opts in zip(rows, options, strict=True):

@@ -58,9 +58,10 @@ def resample_to(samples: torch.Tensor, new: int, orig: int) -> torch.Tensor:
     return AF.resample(samples, orig, new)
 
 
-async def receive_all(ws: ClientConnection, timeout: float = 120.0) -> list[dict]:
-    """JSON messages until the server closes the connection."""
-    messages = []
+async def receive_all(ws: ClientConnection, timeout: float = 120.0,
+                      into: list[dict] | None = None) -> list[dict]:
+    """JSON messages until the server closes the connection (also appended to `into`)."""
+    messages = [] if into is None else into
     try:
         while True:
             messages.append(json.loads(await asyncio.wait_for(ws.recv(), timeout)))
@@ -69,21 +70,31 @@ async def receive_all(ws: ClientConnection, timeout: float = 120.0) -> list[dict
 
 
 async def listen(server: Server, samples: torch.Tensor, rate: int = 16000, encoding: str = "linear16",
-                 chunk_ms: int = 100, query: str = "") -> tuple[list[dict], ClientConnection]:
-    """Stream a recording over /v1/listen as fast as possible, CloseStream, read to the close."""
+                 chunk_ms: int = 100, query: str = "", partial_after_s: float | None = None
+                 ) -> tuple[list[dict], ClientConnection]:
+    """Stream a recording over /v1/listen as fast as possible, CloseStream, read to the close.
+
+    With `partial_after_s`, wait for a partial once that much audio is sent (pushed at once
+    and closed, a recording gets finals only: a final that falls due stops the partials).
+    """
     if encoding == "float32":
         data = (samples if rate == 16000 else resample_to(samples, rate, 16000)).numpy().astype("<f4")
         payload, width = data.tobytes(), 4
     else:
         payload, width = pcm16_at(samples, rate), 2
     step = rate * chunk_ms // 1000 * width
+    pause_at = len(payload) + 1 if partial_after_s is None else int(partial_after_s * rate) * width
+    messages: list[dict] = []
     async with connect(url(server, f"/v1/listen?sample_rate={rate}&encoding={encoding}{query}"),
                        max_size=None) as ws:
-        reader = asyncio.create_task(receive_all(ws))
+        reader = asyncio.create_task(receive_all(ws, into=messages))
         for i in range(0, len(payload), step):
+            if i <= pause_at < i + step:
+                await wait_until(lambda: any(m["type"] == "Results" and not m["is_final"]
+                                             and m["text"] for m in messages))
             await ws.send(payload[i : i + step])
         await ws.send(json.dumps({"type": "CloseStream"}))
-        messages = await reader
+        await reader
     return messages, ws
 
 

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from app.engine_loop import EngineLoop
+from app.metrics import Metrics
 from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
 from audio.mel import log_mel_power, normalize_log_mel
 from engine.engine import Engine, EngineConfig
@@ -277,7 +279,7 @@ def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     assert engine.schedule().drafts == {}
 
 
-def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing():
+def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(monkeypatch):
     """With endpointing, a partial under agree_after_ms since the last final decodes only
     that audio (10 s padding, all committed words as its prompt): shown, never committed."""
     samples, _ = concatenated([librivox_path("0880"), librivox_path("0920")], gap_seconds=1.0)
@@ -285,17 +287,24 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing():
     engine = Engine(bundle(), EngineConfig())
     engine.add_request("s")
     request = engine.scheduler.requests["s"]
-    finals, previews = [], []
+    finals, previews, calls = [], [], []
+    hidden = engine.runner.model.decoder.hidden
+    monkeypatch.setattr(engine.runner.model.decoder, "hidden",
+                        lambda *a, **k: calls.append(1) or hidden(*a, **k))
     for i in range(0, len(samples), 3200):
         engine.add_audio("s", samples[i : i + 3200])
         step = engine.schedule()
         if step is None:
             continue
         (window,) = step.scheduled.windows
+        calls.clear()
         output = engine.execute(step)
         (out,) = engine.update_from_output(output)
         if window.final:
             finals.append((window.window_end, out.committed))
+            if len(finals) == 2:  # drafted: the first final's tokens, then the last preview's
+                tokens = output.results[0].tokens  # 35, most of them the draft's
+                assert len(calls) < len(tokens) // 2
         elif finals and window.preview:
             assert window.window_start == finals[-1][0]  # from the end of the last final
             assert step.prompts["s"] == [t for w in engine.policies["s"].committed for t in w.tokens]
@@ -307,3 +316,51 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing():
     assert previews and "amiable woman" in previews[-1]  # the second sentence, tentative
     assert engine.runner.padded_length(100, preview=True) == 500  # a 10 s encoder pass
     assert engine.runner.padded_length(100) == 1500
+
+
+def test_a_partials_only_step_is_given_up_when_asked_and_a_final_step_is_not():
+    """The engine loop asks (stop_partials) when a final falls due during a step of partials:
+    the step ends at its next transformer or decoder call, without results."""
+    samples = audio(librivox_path("0920")).numpy()
+    engine = Engine(bundle(), EngineConfig())
+    engine.add_request("s")
+    engine.add_audio("s", samples[:48000])  # 3 s of speech, no pause: a partial
+    step = engine.schedule()
+    (window,) = step.scheduled.windows
+    assert not window.final
+    engine.stop_partials.set()
+    output = engine.execute(step)
+    assert [r.cancelled for r in output.results] == [True]
+    assert output.num_encoded_items > 0  # the items are encoded all the same
+    assert engine.update_from_output(output) == []  # nothing to show
+    request = engine.scheduler.requests["s"]
+    assert request.drafts == {} and -1 not in request.output_token_ids
+    engine.finish("s")
+    step = engine.schedule()  # clears the request: a new step runs
+    assert not engine.stop_partials.is_set()
+    engine.stop_partials.set()  # a final step runs to its end
+    (out,) = engine.update_from_output(engine.execute(step))
+    assert step.scheduled.windows[0].final and out.finished
+    assert "married" in normalize("".join(w.text for w in out.committed))
+
+
+async def test_the_engine_loop_gives_up_a_partials_step_for_a_final_that_falls_due():
+    """Commands are applied while a step runs; a finish (a final due) stops the partials."""
+    samples = audio(librivox_path("0920")).numpy()
+    engine = Engine(bundle(), EngineConfig())
+    loop = EngineLoop(engine, Metrics())
+    outputs = []
+    loop.open("s", outputs.append)
+    loop.add_audio("s", samples[:64000])  # 4 s of speech: a partial
+    loop._apply_commands()
+    step = engine.schedule()
+    assert not step.scheduled.windows[0].final
+    loop.finish("s")  # comes in while the step runs
+    output = await loop._execute(step)
+    assert [r.cancelled for r in output.results] == [True]
+    assert engine.scheduler.requests["s"].input_finished  # applied during the step
+    engine.update_from_output(output)
+    step = engine.schedule()  # the final, right away
+    assert step.scheduled.windows[0].final
+    (out,) = engine.update_from_output(await loop._execute(step))
+    assert out.finished and "married" in normalize("".join(w.text for w in out.committed))

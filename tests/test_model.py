@@ -13,7 +13,7 @@ from engine.model.decoding import (
     DecodingOptions,
     decode,
     decode_batch,
-    realign_draft,
+    resync_draft,
     shift_timestamps,
 )
 from engine.model.loader import cpu_has_bf16, default_model_path, load_model, load_state, openai_to_hf
@@ -244,9 +244,9 @@ def test_shift_timestamps_moves_only_timestamps_and_stops_outside_the_range():
     assert shift_timestamps([ts, 5, 6, ts + 10], 20, ts) == [ts + 20, 5, 6, ts + 30]
     assert shift_timestamps([ts + 2, 5, ts + 1495], 10, ts) == [ts + 12, 5]  # past 30.00 s
     assert shift_timestamps([ts + 2, 5, ts + 1], -2, ts) == [ts, 5]  # before 0.00 s
-    assert realign_draft([7, ts + 9], ts + 4, ts + 5, ts) == [7, ts + 10]
-    assert realign_draft([7, 8], 9, 7, ts) == [8]  # the draft had a token too many
-    assert realign_draft([ts + 9, 7, 8], ts + 8, 7, ts) == [8]  # a segment break too many
-    assert realign_draft([7, 8], 9, 6, ts) == [7, 8]  # one token differs
-    assert realign_draft([7, 8], 9, 6, ts, inserted=True) == [9, 7, 8]  # a comma more
-    assert realign_draft([7, 8], 9, ts + 3, ts) == [9, 7, 8]  # a segment ends here
+    assert resync_draft([ts + 4, 7, ts + 9], ts + 5, ts) == [7, ts + 10]  # a moved timestamp
+    assert resync_draft([9, 7, 8], 7, ts) == [8]  # the draft had a token too many
+    assert resync_draft([9, ts + 9, 7, 8], 7, ts) == [8]  # ... or a segment break
+    assert resync_draft([9, 7, 8], 6, ts) is None  # out of step: wait
+    assert resync_draft([9, 7, 8], 9, ts) == [7, 8]  # greedy inserted a token: in step again
+    assert resync_draft([1, 2, 3, 4, 5], 5, ts) is None  # too far ahead to trust

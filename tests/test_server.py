@@ -54,7 +54,7 @@ def _http_get(server, path: str) -> tuple[int, str, bytes]:
 async def test_listen_streams_a_recording_and_stores_its_finals(tmp_path):
     samples, _ = clip("0890")
     async with running_server(tmp_path) as server:
-        messages, ws = await listen(server, samples)
+        messages, ws = await listen(server, samples, partial_after_s=2.5)
     assert ws.close_code == 1000
     assert messages[0]["type"] == "Connected"
     assert messages[-1] == {"type": "Metadata", "session_id": messages[0]["session_id"],

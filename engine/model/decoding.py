@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,10 @@ class DecodingOptions:
     # tokens greedy decoding is likely to produce (the previous decode of the same window):
     # verified in one forward pass, kept as far as greedy agrees (temperature 0 only)
     draft: list[int] = field(default_factory=list)
+
+
+class DecodingCancelled(Exception):
+    """The caller's `stop` asked to give up a decode (its result is no longer wanted)."""
 
 
 @dataclass
@@ -220,29 +225,33 @@ def shift_timestamps(tokens: list[int], positions: int, timestamp_begin: int,
     return shifted
 
 
-def realign_draft(rest: list[int], rejected: int, chosen: int, timestamp_begin: int,
-                  inserted: bool = False) -> list[int]:
-    """The draft after its token `rejected` where greedy decoding chose `chosen` instead:
-    - both timestamps (a segment starts or ends a little earlier or later): the tokens past
-      it, their timestamps moved by the difference;
-    - `chosen` is among the next two draft tokens (the draft had a token or a segment break
-      too many): the tokens past it;
-    - `chosen` is a timestamp or `inserted` (punctuation the draft lacks): `rejected` and
-      the tokens past it (the draft goes on after the insertion);
-    - else the tokens past it as they are (one word differs).
+RESYNC_TOKENS = 4  # a chosen token found this far into the waiting draft resumes it there
+MAX_MISSES = 8  # decoder calls without a match before a row's waiting draft is dropped
+
+
+def resync_draft(pending: list[int], chosen: int, timestamp_begin: int) -> list[int] | None:
+    """Greedy decoding chose `chosen` where the draft has `pending` (not yet agreed) -> the
+    draft tokens to feed after `chosen`, or None while the two are out of step:
+    - both timestamps (a segment starts or ends a little earlier or later): the draft goes
+      on after its timestamp, its later timestamps moved by the difference;
+    - `chosen` among the next few draft tokens (the draft had tokens too many, or the
+      word before was tokenized differently): the draft goes on after it;
+    - else None: greedy produced a word the draft lacks or has another way; the draft waits
+      for it to come back in step (a substitution or an insertion).
     """
-    if rejected >= timestamp_begin and chosen >= timestamp_begin:
-        return shift_timestamps(rest, chosen - rejected, timestamp_begin)
-    if chosen in rest[:2]:
-        return rest[rest.index(chosen) + 1 :]
-    if chosen >= timestamp_begin or inserted:
-        return [rejected, *rest]
-    return rest
+    if not pending:
+        return None
+    if chosen >= timestamp_begin and pending[0] >= timestamp_begin:
+        return shift_timestamps(pending, chosen - pending[0], timestamp_begin)[1:]
+    if chosen in pending[:RESYNC_TOKENS]:
+        return pending[pending.index(chosen) + 1 :]
+    return None
 
 
 @torch.inference_mode()
 def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
-                 options: list[DecodingOptions], suppress: list[int]) -> list[DecodingResult]:
+                 options: list[DecodingOptions], suppress: list[int],
+                 stop: Callable[[], bool] | None = None) -> list[DecodingResult]:
     """audio_features: (B, n_audio_ctx, n_audio_state) -> B sequences decoded together.
 
     Prompts of different lengths are left-padded; each row keeps its own positions and never
@@ -250,9 +259,11 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     greedy decoding is likely to produce) is fed with the token before it; the logit rules
     and greedy choice run over it position by position, so the result is the plain greedy
     one, and every draft token it agrees with saves a decoder call (speculative decoding).
-    Where greedy differs, the rejected tokens' keys are dropped and the rest of the draft,
-    realigned, is fed with the chosen token in the next call. Finished rows leave the batch
-    (their cache rows are dropped).
+    Where greedy differs, the rejected tokens' keys are dropped; the rest of the draft waits
+    until greedy comes back in step with it (`resync_draft`) and is then fed again with the
+    chosen token. Finished rows leave the batch
+    (their cache rows are dropped). `stop` is asked before every decoder call; when it says
+    so, DecodingCancelled is raised.
     """
     device = audio_features.device
     eot, ts_begin = tokenizer.eot, tokenizer.timestamp_begin
@@ -260,7 +271,9 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     rows = [_Row(model, tokenizer, o, suppress, len(i), device)
             for o, i in zip(options, initials, strict=True)]
     rests = [o.draft[: row.budget] if o.temperature == 0 else []
-             for o, row in zip(options, rows, strict=True)]  # per row: draft tokens to feed
+             for o, row in zip(options, rows, strict=True)]  # per row: draft tokens fed
+    pending: list[list[int]] = [[] for _ in rows]  # per row: draft tokens waiting to resync
+    misses = [0] * len(rows)
     feeds = [i + d for i, d in zip(initials, rests, strict=True)]  # per row: tokens this call
     lengths = [0] * len(rows)  # per row: tokens in its cache (its next position)
     cache = model.decoder.new_cache()
@@ -269,6 +282,8 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     first = True
     extras = [1 + (not o.timestamps) for o in options]  # logits before the draft's: first call
     while active:
+        if stop is not None and stop():
+            raise DecodingCancelled
         width = max(len(feeds[r]) for r in active)
         tokens = torch.full((len(active), width), eot, dtype=torch.long)
         valid = torch.zeros(len(active), width, dtype=torch.bool)
@@ -303,13 +318,17 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
             if accepted < len(rest):  # the rest of the draft is not this row's sequence
                 rejected = width - len(rest) + accepted  # its index among this call's tokens
                 cache.drop_keys(j, keys_before + rejected, lengths[r])
-                inserted = token < ts_begin and not any(c.isalnum() for c in tokenizer.decode([token]))
-                rest = realign_draft(rest[accepted + 1 :], rest[accepted], token, ts_begin, inserted)
-                if accepted == 0 and token < ts_begin:
-                    rest = []  # the draft was off from its first text token: stop guessing
+                pending[r] = rest[accepted:]
+            fed = resync_draft(pending[r], token, ts_begin)
+            if fed is None:
+                misses[r] += 1
+                if misses[r] > MAX_MISSES:
+                    pending[r] = []
+                fed = []
             else:
-                rest = []
-            feeds[r], rests[r] = [token, *rest], rest
+                fed = fed[: max(0, row.budget - len(row.seq) - 1)]  # within the context
+                pending[r], misses[r] = [], 0
+            feeds[r], rests[r] = [token, *fed], fed
         first, xa, extras = False, None, [1] * len(rows)
         keep = [j for j, r in enumerate(active) if not rows[r].stop]
         if len(keep) < len(active):
