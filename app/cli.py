@@ -72,7 +72,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           resume_grace_s=args.resume_grace)
     engine_config = EngineConfig(scheduler=SchedulerConfig(max_partials=args.max_partials),
                                  pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
-                                 preview_pad_seconds=args.preview_pad_seconds or None)
+                                 preview_pad_seconds=args.preview_pad_seconds or None,
+                                 max_finals=args.max_finals)
     server = Server(Engine(_load(args), engine_config), config)
     try:
         asyncio.run(server.serve_forever())
@@ -128,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="partials that cannot commit yet decode only the audio since the last "
                         "final, padded to a multiple of this (0: the whole window, as finals)")
     p.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials,
-                   help="partial (tentative) windows decoded per step; finals are not limited")
+                   help="partial (tentative) windows decoded per step (none in a step with finals)")
+    p.add_argument("--max-finals", type=int, default=None,
+                   help="final windows decoded per step (default: 2 on the CPU, where a batch "
+                        "of windows costs the sum of their encoder passes; 16 on a GPU)")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)
 

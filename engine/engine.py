@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # cut the window at a commit once over 15 s
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # near 30 s, force-commit all but the last 5 s
+CPU_MAX_FINALS = 2  # final windows per step on the CPU (EngineConfig.max_finals)
 
 
 def ms_to_position(ms: int) -> int:
@@ -61,6 +62,9 @@ class EngineConfig:
     # last final) decodes only that audio, padded to a multiple of this: a preview, shown and
     # never committed. None: partials decode the whole window, padded as finals are.
     preview_pad_seconds: int | None = 10
+    # final windows per step; None: 2 on the CPU, where batching does not make the encoder
+    # cheaper per window and a final would wait for the others, else SchedulerConfig's
+    max_finals: int | None = None
 
 
 @dataclass
@@ -108,8 +112,15 @@ class Engine:
             raise ValueError(f"max_partials must be at least 1 (partial windows per step), "
                              f"got {self.config.scheduler.max_partials}")
         previews = self.config.endpoint_ms is not None and self.config.preview_pad_seconds is not None
+        max_finals = self.config.max_finals
+        if max_finals is None:
+            max_finals = self.config.scheduler.max_finals
+        if max_finals is None and bundle.device.type == "cpu":
+            max_finals = CPU_MAX_FINALS
+        if max_finals is not None and max_finals < 1:
+            raise ValueError(f"max_finals must be at least 1 (final windows per step), got {max_finals}")
         self.scheduler = Scheduler(replace(
-            self.config.scheduler,
+            self.config.scheduler, max_finals=max_finals,
             preview_positions=ms_to_position(self.config.agree_after_ms) if previews else 0))
         self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds,
                                   self.config.preview_pad_seconds)

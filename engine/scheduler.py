@@ -36,6 +36,10 @@ class SchedulerConfig:
     # a step with a final window takes no partials: a final's latency is its own step's time
     # (plus the step it waited for), not that of a batch of partials behind it
     finals_alone: bool = True
+    # final windows per step (None: up to max_num_seqs). On the CPU a batch of windows costs
+    # the sum of their encoder passes, so the first final of a batch waits for the last;
+    # the engine sets 2 there (EngineConfig.max_finals)
+    max_finals: int | None = None
 
 
 @dataclass
@@ -106,7 +110,8 @@ class Scheduler:
         cache = self.encoder_cache
         # final windows first (they are what a client waits for), then round-robin
         order = sorted(self.queue, key=lambda rid: not self.final_due(self.requests[rid]))
-        num_partials = 0
+        num_partials = num_finals = 0
+        max_finals = self.config.max_finals or self.config.max_num_seqs
         for request_id in order:
             if len(windows) >= self.config.max_num_seqs:
                 break
@@ -115,8 +120,10 @@ class Scheduler:
                 continue
             partial = not self.final_due(request)
             if partial and (num_partials >= self.config.max_partials or (
-                    self.config.finals_alone and len(windows) > num_partials)):
+                    self.config.finals_alone and num_finals)):
                 break  # finals come first in `order`: only partials are left
+            if not partial and num_finals >= max_finals:
+                continue  # the next step's (its final stays due, and first in order)
             start = request.window_start
             end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
             endpoint = request.endpoints[0] if request.endpoints else 0
@@ -166,6 +173,7 @@ class Scheduler:
             speech = request.last_speech_end > heard or not self.config.decode_only_speech
             windows.append(ScheduledWindow(request_id, start, end, lo, hi, final, preview, speech))
             num_partials += partial
+            num_finals += not partial
             request.num_decoded_positions = end
         # the sessions decoded now go to the back of the queue: sessions share steps fairly
         for window in windows:

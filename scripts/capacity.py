@@ -72,6 +72,7 @@ def main() -> int:
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms)
     parser.add_argument("--max-batch", type=int, default=SchedulerConfig.max_num_seqs)
     parser.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials)
+    parser.add_argument("--max-finals", type=int, default=None, help="default: the engine's")
     parser.add_argument("--decode-interval-ms", type=int, default=1000,
                         help="new audio between two decodes of a session")
     parser.add_argument("--agree-after-ms", type=int, default=EngineConfig.agree_after_ms)
@@ -87,9 +88,10 @@ def main() -> int:
     config = EngineConfig(scheduler=scheduler,
                           pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
                           preview_pad_seconds=args.preview_pad_seconds or None,
-                          agree_after_ms=args.agree_after_ms)
+                          agree_after_ms=args.agree_after_ms, max_finals=args.max_finals)
     print(f"pad_seconds {args.pad_seconds}, preview pad {args.preview_pad_seconds}, endpoint_ms "
-          f"{args.endpoint_ms}, max batch {args.max_batch}, decode interval "
+          f"{args.endpoint_ms}, max batch {args.max_batch}, max finals {args.max_finals or 'default'}, "
+          f"decode interval "
           f"{args.decode_interval_ms} ms, agree after {args.agree_after_ms} ms, {args.threads} threads, "
           f"{samples.shape[0] / 16000:.1f} s per session"
           + (", rotated" if args.rotate else ", all in step"))

@@ -253,6 +253,13 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
         Engine(bundle(), EngineConfig(endpoint_ms=10))
 
 
+def test_finals_per_step_default_to_two_on_the_cpu():
+    assert Engine(bundle()).scheduler.config.max_finals == 2
+    assert Engine(bundle(), EngineConfig(max_finals=5)).scheduler.config.max_finals == 5
+    with pytest.raises(ValueError, match="max_finals"):
+        Engine(bundle(), EngineConfig(max_finals=0))
+
+
 def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     """Partials of a growing window pass the last decode's tokens as a draft (verified, so the
     text is plain greedy's); after the window moves, timestamps no longer line up: no draft."""

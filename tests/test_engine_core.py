@@ -275,6 +275,25 @@ def test_a_pause_makes_a_final_window_that_ends_there_and_goes_first():
         ("b", 60, 120, True)]
 
 
+def test_finals_per_step_are_limited_when_asked_and_wait_first_in_line():
+    scheduler = Scheduler(SchedulerConfig(max_finals=2, decode_interval=4))
+    requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
+    for request in requests[1:]:
+        request.endpoints.append(20)
+    for request in requests:
+        scheduler.add_request(request)
+
+    def step() -> list[tuple[str, bool]]:
+        out = scheduler.schedule()
+        for w in out.windows:
+            scheduler.requests[w.request_id].output_token_ids.append(-1)
+        return [(w.request_id, w.final) for w in out.windows]
+
+    assert step() == [("b", True), ("c", True)]  # two finals, no partial
+    assert step() == [("d", True)]  # the third final before a's partial
+    assert step() == [("a", False)]
+
+
 def test_partials_per_step_are_limited_but_finals_are_not():
     scheduler = Scheduler(SchedulerConfig(max_partials=1, decode_interval=4))
     requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
