@@ -21,8 +21,7 @@ MAX_WINDOW_POSITIONS = 1500  # 30 s: Whisper's window
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 16  # sessions decoded per step
-    # partial (tentative) windows per step; final windows come first and are not limited.
-    # Small steps keep a final that falls due from waiting long behind partials.
+    # partial (tentative) windows per step; final windows come first (see max_finals)
     max_partials: int = 16
     encoder_budget: int = 50 * 60  # new positions encoded per step (60 s of audio)
     encoder_cache_size: int = 50 * 60 * 64  # positions held in the encoder cache

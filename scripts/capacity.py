@@ -10,7 +10,8 @@ audio up to its end was sent), the largest lag and the pooled WER.
 The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s.
 
     scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
-        [--preview-pad-seconds 0] [--endpoint-ms 400] [--rotate] [--max-batch 4] [--json out.json]
+        [--preview-pad-seconds 0] [--endpoint-ms 400] [--rotate] [--max-batch 4] [--max-finals 1] \
+        [--json out.json]
 """
 
 from __future__ import annotations
