@@ -189,19 +189,26 @@ def test_batched_decoding_equals_decoding_each_window_alone():
     assert b.tokenizer.decode(prompt).strip().startswith("Had he")  # a real, long prompt
 
 
+def drafted_decode(monkeypatch, features, options, drafts) -> tuple[list, list[int]]:
+    """decode_batch with each row's draft -> its results and the decoder calls it made."""
+    b = bundle()
+    calls = []
+    hidden = b.model.decoder.hidden
+    monkeypatch.setattr(b.model.decoder, "hidden", lambda *a, **k: calls.append(1) or hidden(*a, **k))
+    results = decode_batch(b.model, b.tokenizer, features,
+                           [DecodingOptions(prompt=o.prompt, audio_seconds=o.audio_seconds, draft=d)
+                            for o, d in zip(options, drafts, strict=True)], b.suppress)
+    return results, calls
+
+
 def test_draft_tokens_give_the_greedy_result_in_fewer_decoder_steps(monkeypatch):
     b = bundle()
     features, _, options = three_windows()
     plain = decode_batch(b.model, b.tokenizer, features, options, b.suppress)
     exact, wrong = plain[0].tokens, list(plain[1].tokens)
-    wrong[6] = wrong[5]  # greedy disagrees at token 6: the rest of the draft must be dropped
+    wrong[6] = wrong[5]  # greedy disagrees at token 6: its keys go, the draft waits to resume
     drafts = [exact, wrong, exact[:12]]  # right, wrong in the middle, another window's tokens
-    calls = []
-    hidden = b.model.decoder.hidden
-    monkeypatch.setattr(b.model.decoder, "hidden", lambda *a, **k: calls.append(1) or hidden(*a, **k))
-    drafted = decode_batch(b.model, b.tokenizer, features,
-                           [DecodingOptions(prompt=o.prompt, audio_seconds=o.audio_seconds, draft=d)
-                            for o, d in zip(options, drafts, strict=True)], b.suppress)
+    drafted, calls = drafted_decode(monkeypatch, features, options, drafts)
     for result, expected in zip(drafted, plain, strict=True):
         assert result.tokens == expected.tokens and result.stop == expected.stop
         assert abs(result.avg_logprob - expected.avg_logprob) < 1e-3
@@ -226,12 +233,7 @@ def test_a_draft_whose_timestamps_are_off_is_realigned_and_still_saves_the_steps
         cut = stamps[1]  # the first segment's end and all after it: 3 positions (60 ms) late
         drafts.append(result.tokens[:cut] + shift_timestamps(result.tokens[cut:], 3, ts))
     assert all(d != r.tokens for d, r in zip(drafts, plain, strict=True))
-    calls = []
-    hidden = b.model.decoder.hidden
-    monkeypatch.setattr(b.model.decoder, "hidden", lambda *a, **k: calls.append(1) or hidden(*a, **k))
-    drafted = decode_batch(b.model, b.tokenizer, features,
-                           [DecodingOptions(prompt=o.prompt, audio_seconds=o.audio_seconds, draft=d)
-                            for o, d in zip(options, drafts, strict=True)], b.suppress)
+    drafted, calls = drafted_decode(monkeypatch, features, options, drafts)
     for result, expected in zip(drafted, plain, strict=True):
         assert result.tokens == expected.tokens and result.stop == expected.stop
         assert abs(result.avg_logprob - expected.avg_logprob) < 1e-3
