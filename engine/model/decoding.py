@@ -261,9 +261,8 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     one, and every draft token it agrees with saves a decoder call (speculative decoding).
     Where greedy differs, the rejected tokens' keys are dropped; the rest of the draft waits
     until greedy comes back in step with it (`resync_draft`) and is then fed again with the
-    chosen token. Finished rows leave the batch
-    (their cache rows are dropped). `stop` is asked before every decoder call; when it says
-    so, DecodingCancelled is raised.
+    chosen token. Finished rows leave the batch (their cache rows are dropped). `stop` is
+    asked before every decoder call; when it says so, DecodingCancelled is raised.
     """
     device = audio_features.device
     eot, ts_begin = tokenizer.eot, tokenizer.timestamp_begin
