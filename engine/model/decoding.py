@@ -1,9 +1,9 @@
 """Greedy decoding with Whisper's timestamp rules and guards against repetition loops.
 
-One sequence per call (the engine batches the encoder across sessions; decoding is short
-per window). The logit rules follow openai/whisper's decoding.py: suppress blank at the
-start, suppress non-speech tokens, timestamp pairing and monotonicity, a cap on the first
-and on the last timestamp.
+`decode_batch` decodes the windows of a step together, each row as it would decode alone,
+and verifies each row's draft instead of generating it token by token. The logit rules
+follow openai/whisper's decoding.py: suppress blank at the start, suppress non-speech
+tokens, timestamp pairing and monotonicity, a cap on the first and on the last timestamp.
 """
 
 from __future__ import annotations
