@@ -141,7 +141,7 @@ class EngineLoop:
         while True:
             if self.commands:
                 self._apply_commands()
-                if not has_final and engine.final_due():
+                if not (has_final or engine.stop_partials.is_set()) and engine.final_due():
                     engine.stop_partials.set()
             if running.done():
                 return running.result()

@@ -86,7 +86,7 @@ class StepInput:
     scheduled: SchedulerOutput
     requests: dict[str, Request]  # the scheduled requests (they stay valid if aborted)
     prompts: dict[str, list[int]]  # request id -> committed tokens before its window
-    drafts: dict[str, list[int]]  # request id -> its last decode's tokens, if the window is the same
+    drafts: dict[str, list[int]]  # request id -> the tokens its decode is likely to give (_draft)
 
 
 @dataclass

@@ -147,14 +147,14 @@ class ModelRunner:
         calls, items = self.encode_items(out, requests)
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(out.windows))
-        if stop is not None and not any(w.final for w in out.windows):
-            try:
-                return self._run_windows(out, requests, prompts, drafts or {}, result, stop)
-            except DecodingCancelled:
-                result.results = [WindowResult(w.request_id, [], False, w.preview, cancelled=True)
-                                  for w in out.windows]
-                return result
-        return self._run_windows(out, requests, prompts, drafts or {}, result, None)
+        if any(w.final for w in out.windows):
+            stop = None  # a step with finals runs to its end
+        try:
+            return self._run_windows(out, requests, prompts, drafts or {}, result, stop)
+        except DecodingCancelled:
+            result.results = [WindowResult(w.request_id, [], False, w.preview, cancelled=True)
+                              for w in out.windows]
+            return result
 
     def _run_windows(self, out: SchedulerOutput, requests: dict[str, Request],
                      prompts: dict[str, list[int]], drafts: dict[str, list[int]],

@@ -37,8 +37,8 @@ class DecodingOptions:
     audio_seconds: float = 30.0  # real audio in the window; sets the budget and timestamp cap
     max_initial_timestamp: float = 1.0
     seed: int = 0  # for temperature > 0
-    # tokens greedy decoding is likely to produce (the previous decode of the same window):
-    # verified in one forward pass, kept as far as greedy agrees (temperature 0 only)
+    # tokens greedy decoding is likely to produce (the last decode of the window, a final's
+    # with its preview after it): verified, not generated (temperature 0 only; decode_batch)
     draft: list[int] = field(default_factory=list)
 
 
