@@ -140,8 +140,8 @@ class EngineLoop:
         has_final = any(w.final for w in step.scheduled.windows)
         while True:
             if self.commands:
-                self._apply_commands()
-                if not (has_final or engine.stop_partials.is_set()) and engine.final_due():
+                touched = self._apply_commands()
+                if not (has_final or engine.stop_partials.is_set()) and engine.final_fell_due(touched):
                     engine.stop_partials.set()
             if running.done():
                 return running.result()
@@ -158,7 +158,8 @@ class EngineLoop:
         if output.num_encoded_items:
             self.metrics.encoder_batch.observe(output.num_encoded_items)
 
-    def _apply_commands(self) -> None:
+    def _apply_commands(self) -> set[str]:
+        """Apply the queued commands -> the request ids they were for."""
         commands, self.commands = self.commands, []
         engine = self.engine
         for op, request_id, samples in commands:
@@ -180,6 +181,7 @@ class EngineLoop:
                 engine.abort(request_id)
                 self._route(EngineOutput(request_id, [], [], finished=True,
                                          error=f"{type(e).__name__}: {e}"))
+        return {request_id for _, request_id, _ in commands}
 
     def _route(self, output: EngineOutput) -> None:
         sink = self.sinks.get(output.request_id)

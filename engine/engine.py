@@ -11,6 +11,7 @@ import bisect
 import hashlib
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -134,6 +135,9 @@ class Engine:
         self.last_stats = StepStats()
         # set (from any thread) to give up the partials-only step in flight: a final fell due
         self.stop_partials = threading.Event()
+        # sessions whose final was due when the last step was scheduled: in a step of partials
+        # only, those finals could not be placed (a full encoder cache); see final_fell_due
+        self.due_at_schedule: set[str] = set()
         params = f"{bundle.model_id}:{self.config.item_samples}:{STREAM_LOG_FLOOR}"
         self._hash_key = hashlib.blake2b(params.encode(), digest_size=16).digest()
 
@@ -270,6 +274,8 @@ class Engine:
         """
         self.stop_partials.clear()
         scheduled = self.scheduler.schedule()
+        self.due_at_schedule = {rid for rid, r in self.scheduler.requests.items()
+                                if self.scheduler.final_due(r)}
         if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
             return None
         requests = self.scheduler.requests
@@ -415,9 +421,14 @@ class Engine:
         size = self.item_positions
         return max(request.window_start, min(position, request.num_positions) // size * size)
 
-    def final_due(self) -> bool:
-        """Whether some session waits for a final decode (a pause, a flush, its end)."""
-        return any(self.scheduler.final_due(r) for r in self.scheduler.requests.values())
+    def final_fell_due(self, request_ids: Iterable[str]) -> bool:
+        """Whether one of these sessions now waits for a final decode (a pause, a flush, its
+        end) that was not due when the last step was scheduled. A final due then and left out
+        of a step of partials could not be placed; giving up partials for it would starve
+        them and leave it where it was."""
+        requests = self.scheduler.requests
+        return any(rid not in self.due_at_schedule and rid in requests
+                   and self.scheduler.final_due(requests[rid]) for rid in request_ids)
 
     def has_work(self) -> bool:
         """Whether a request is ready to be scheduled (not counting those in flight)."""

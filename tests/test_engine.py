@@ -371,3 +371,34 @@ async def test_the_engine_loop_gives_up_a_partials_step_for_a_final_that_falls_d
     assert step.scheduled.windows[0].final
     (out,) = engine.update_from_output(await loop._execute(step))
     assert out.finished and "married" in normalize("".join(w.text for w in out.committed))
+
+
+async def test_a_final_that_cannot_be_placed_does_not_give_up_the_partials():
+    """A final due when the step was scheduled and left out of it (here: more audio than the
+    encoder cache holds) does not stop a step of partials at every command; a final that
+    falls due during the step does."""
+    samples = audio(librivox_path("0920")).numpy()  # 6 s
+    config = EngineConfig(scheduler=SchedulerConfig(encoder_cache_size=400), endpoint_ms=None)
+    engine = Engine(bundle(), config)  # no endpointing: no pause ends a window early
+    loop = EngineLoop(engine, Metrics())
+    for rid in ("a", "b"):
+        loop.open(rid, lambda _: None)
+    loop.add_audio("b", np.concatenate([samples, samples]))  # 12 s: 600 positions, the cache holds 400
+    loop.flush("b")  # its final is due, and cannot be placed
+    loop.add_audio("a", samples[:48000])  # 3 s of speech: a partial
+    loop._apply_commands()
+    step = engine.schedule()
+    assert [(w.request_id, w.final) for w in step.scheduled.windows] == [("a", False)]
+    assert engine.due_at_schedule == {"b"}
+    loop.add_audio("b", samples[:16000])  # b streams on while the step runs
+    output = await loop._execute(step)
+    assert [r.cancelled for r in output.results] == [False]  # the partial ran to its end
+    engine.update_from_output(output)
+    loop.add_audio("a", samples[48000:80000])
+    loop._apply_commands()
+    step = engine.schedule()
+    assert [(w.request_id, w.final) for w in step.scheduled.windows] == [("a", False)]
+    assert not engine.final_fell_due(["a", "b"])
+    loop.finish("a")  # a's final falls due during the step
+    output = await loop._execute(step)
+    assert [r.cancelled for r in output.results] == [True]
