@@ -161,6 +161,7 @@ class Engine:
         if request.input_finished:
             raise ValueError(f"request {request_id!r} is finished; no more audio")
         self._add_items(request, self.framers[request_id].push(np.asarray(samples, np.float32)))
+        self.scheduler.note_final_due(request)  # a pause in it: the final's place in line
 
     def _add_items(self, request: Request, contexts: list[np.ndarray]) -> None:
         for context in contexts:
@@ -196,6 +197,7 @@ class Engine:
             return  # finishing commits everything anyway
         self._flush_framer(request)
         request.flush_position = max(request.num_positions, 1)
+        self.scheduler.note_final_due(request)
 
     def finish(self, request_id: str) -> None:
         """No more audio: the next steps commit everything and end the request."""
@@ -203,6 +205,7 @@ class Engine:
         if not request.input_finished:
             self._flush_framer(request)
             request.input_finished = True
+            self.scheduler.note_final_due(request)
 
     def _flush_framer(self, request: Request) -> None:
         framer = self.framers[request.request_id]

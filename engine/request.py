@@ -92,6 +92,9 @@ class Request:
     # window start -> (window end, tokens) of the last decode from there: the draft of the
     # next decode of a window with that start (the window's and the preview's, at most two)
     drafts: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
+    # while a final is due: its place in line among the finals of all sessions (the scheduler
+    # numbers them in the order it first sees them due); None: no final waiting
+    due_number: int | None = None
     error: str | None = None
 
     @property

@@ -70,6 +70,7 @@ class Scheduler:
         self.queue: deque[str] = deque()  # round-robin order
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_size)
         self.finished_ids: list[str] = []
+        self.num_due = 0  # finals numbered so far (Request.due_number)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -96,6 +97,23 @@ class Scheduler:
             return False  # only silence since the last decode: nothing to show, nothing to spend
         return request.num_positions - request.num_decoded_positions >= self.config.decode_interval
 
+    def note_final_due(self, request: Request) -> None:
+        """Give a request whose final is due its place in line, if it has none; take it from
+        one with none due (a cut passed its pause). The engine calls it as audio, flushes and
+        ends come in; each schedule calls it for all requests, so every final has a place
+        (one the engine did not note: among those that fell due in the last step, in queue
+        order)."""
+        if not self.final_due(request):
+            request.due_number = None
+        elif request.due_number is None:
+            self.num_due += 1
+            request.due_number = self.num_due
+
+    @staticmethod
+    def _final_order(request: Request) -> tuple[bool, int]:
+        """Sort key: finals first, in the order they fell due; partials keep queue order."""
+        return request.due_number is None, request.due_number or 0
+
     @staticmethod
     def final_due(request: Request) -> bool:
         """Input finished, a flush asked for, or a pause ended the speech in the window."""
@@ -107,8 +125,12 @@ class Scheduler:
         budget = self.config.encoder_budget
         num_positions = 0
         cache = self.encoder_cache
-        # final windows first (they are what a client waits for), then round-robin
-        order = sorted(self.queue, key=lambda rid: not self.final_due(self.requests[rid]))
+        # final windows first (they are what a client waits for), oldest first, then the
+        # partials round-robin. Finals in round-robin order let a session just decoded (at the
+        # back of the queue) wait behind finals that fell due after its own, for seconds.
+        for request_id in self.queue:
+            self.note_final_due(self.requests[request_id])
+        order = sorted(self.queue, key=lambda rid: self._final_order(self.requests[rid]))
         num_partials = num_finals = 0
         max_finals = self.config.max_finals or self.config.max_num_seqs
         for request_id in order:
@@ -173,6 +195,8 @@ class Scheduler:
             windows.append(ScheduledWindow(request_id, start, end, lo, hi, final, preview, speech))
             num_partials += partial
             num_finals += not partial
+            if not partial:
+                request.due_number = None  # a next final (a pause behind this one) queues anew
             request.num_decoded_positions = end
         # the sessions decoded now go to the back of the queue: sessions share steps fairly
         for window in windows:

@@ -402,3 +402,22 @@ async def test_a_final_that_cannot_be_placed_does_not_give_up_the_partials():
     loop.finish("a")  # a's final falls due during the step
     output = await loop._execute(step)
     assert [r.cancelled for r in output.results] == [True]
+
+
+def test_finals_that_fall_due_during_a_step_go_in_the_order_they_fell_due():
+    samples = audio(librivox_path("0920")).numpy()
+    engine = Engine(bundle(), EngineConfig(max_finals=1))
+    for rid in ("a", "b"):
+        engine.add_request(rid)
+        engine.add_audio(rid, samples[:48000])
+    step = engine.schedule()
+    assert [(w.request_id, w.final) for w in step.scheduled.windows] == [("a", False), ("b", False)]
+    engine.flush("b")  # while the step runs: b first, then a
+    engine.flush("a")
+    engine.update_from_output(engine.execute(step))
+    order = []
+    while len(order) < 2:
+        step = engine.schedule()
+        order += [(w.request_id, w.final) for w in step.scheduled.windows]
+        engine.update_from_output(engine.execute(step))
+    assert order == [("b", True), ("a", True)]  # not the queue's order (a, b)

@@ -294,6 +294,31 @@ def test_finals_per_step_are_limited_when_asked_and_wait_first_in_line():
     assert step() == [("a", False)]
 
 
+def test_finals_go_in_the_order_they_fell_due_not_in_queue_order():
+    scheduler = Scheduler(SchedulerConfig(max_finals=1, decode_interval=4))
+    requests = {rid: make_request(rid, 10) for rid in ("a", "b", "c")}
+    for request in requests.values():
+        scheduler.add_request(request)
+
+    def step() -> list[tuple[str, bool]]:
+        out = scheduler.schedule()
+        for w in out.windows:
+            scheduler.requests[w.request_id].output_token_ids.append(-1)
+        return [(w.request_id, w.final) for w in out.windows]
+
+    assert step() == [("a", False), ("b", False), ("c", False)]  # c is now last in the queue
+    requests["c"].endpoints.append(20)  # c's pause comes while its partial runs
+    for rid in ("a", "b"):
+        fill_placeholders(requests[rid].output_token_ids, [0])
+    assert step() == []  # c is in flight; a and b have nothing new
+    fill_placeholders(requests["c"].output_token_ids, [0])
+    for rid in ("a", "b"):
+        requests[rid].endpoints.append(20)  # their pauses come after c's
+    assert step() == [("c", True)]  # first in line, though last in the queue
+    assert step() == [("a", True)]
+    assert step() == [("b", True)]
+
+
 def test_partials_per_step_are_limited_but_finals_are_not():
     scheduler = Scheduler(SchedulerConfig(max_partials=1, decode_interval=4))
     requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
