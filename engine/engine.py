@@ -330,8 +330,9 @@ class Engine:
             if request is None:  # aborted while the step ran
                 continue
             fill_placeholders(request.output_token_ids, [len(result.words)])
-            if result.cancelled:
-                continue  # a partial given up for a final: the next one shows the text
+            if result.cancelled:  # a partial given up for a final: the next one shows the text
+                self._keep_prefix(request, result)
+                continue
             if result.error is not None:
                 request.status, request.error = RequestStatus.ERROR, result.error
                 self._drop(result.request_id)
@@ -340,6 +341,16 @@ class Engine:
                 continue
             outputs.append(self._apply(request, result))
         return outputs
+
+    @staticmethod
+    def _keep_prefix(request: Request, result: WindowResult) -> None:
+        """The tokens a given-up partial had decoded are the start of its window's greedy
+        decode: where longer than that window's draft, they are its new draft (they cover
+        newer audio: under load the draft of a final late in a burst missed its last words)."""
+        start = request.preview_start if result.preview else request.window_start
+        _, tokens = request.drafts.get(start, (start, []))
+        if len(result.tokens) > len(tokens):
+            request.drafts[start] = (request.num_decoded_positions, result.tokens)
 
     def _apply(self, request: Request, result: WindowResult) -> EngineOutput:
         policy = self.policies[request.request_id]

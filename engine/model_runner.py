@@ -43,7 +43,8 @@ class WindowResult:
     complete_ms: int | None = None  # the words are whole segments up to here (Whisper's seek)
     temperature: float = 0.0  # of the decode kept (above 0: a fallback)
     tokens: list[int] = field(default_factory=list)  # the decoded text and timestamp tokens
-    cancelled: bool = False  # a partial given up for a final that fell due: no result
+    # a partial given up for a final that fell due: no words; `tokens` are those decoded so far
+    cancelled: bool = False
 
 
 @dataclass
@@ -142,19 +143,15 @@ class ModelRunner:
         previous decode) is verified instead of generated token by token.
 
         A step of partials only is given up once `stop()` says so (asked before each
-        transformer and decoder call): every window's result is then `cancelled`. The new
-        items are encoded all the same (the encoder cache counts on them)."""
+        transformer and decoder call): the windows whose decode had not finished are then
+        `cancelled`, with the tokens decoded so far. The new items are encoded all the same
+        (the encoder cache counts on them)."""
         calls, items = self.encode_items(out, requests)
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(out.windows))
         if any(w.final for w in out.windows):
             stop = None  # a step with finals runs to its end
-        try:
-            return self._run_windows(out, requests, prompts, drafts or {}, result, stop)
-        except DecodingCancelled:
-            result.results = [WindowResult(w.request_id, [], False, w.preview, cancelled=True)
-                              for w in out.windows]
-            return result
+        return self._run_windows(out, requests, prompts, drafts or {}, result, stop)
 
     def _run_windows(self, out: SchedulerOutput, requests: dict[str, Request],
                      prompts: dict[str, list[int]], drafts: dict[str, list[int]],
@@ -165,22 +162,28 @@ class ModelRunner:
                 groups.setdefault(window.preview, []).append(window)
             else:  # a flush or finish with no new audio, or no speech in it: nothing to decode
                 result.results.append(WindowResult(window.request_id, [], window.final, silence=True))
+        cancelled = False
         for preview, windows in groups.items():
-            if stop is not None and stop():
-                raise DecodingCancelled
+            if cancelled or (stop is not None and stop()):
+                cancelled = True
+                result.results += [WindowResult(w.request_id, [], False, preview, cancelled=True)
+                                   for w in windows]
+                continue
             length = self.padded_length(max(w.window_end - w.window_start for w in windows), preview)
             x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
             features = self.model.encoder.transformer(x)  # (B, length, n_state)
             decoded = self.decode_windows(windows, features, prompts, drafts, stop)
             result.results += decoded
             result.num_fallbacks += sum(r.temperature > 0 for r in decoded)
+            cancelled = any(r.cancelled for r in decoded)
         return result
 
     def decode_windows(self, windows: list[ScheduledWindow], features: torch.Tensor,
                        prompts: dict[str, list[int]], drafts: dict[str, list[int]],
                        stop: Callable[[], bool] | None = None) -> list[WindowResult]:
         """Decode all windows as one batch; if that fails, each alone, so a fault stays with
-        its own session."""
+        its own session. Given up (`stop`): the windows decoded by then keep their results,
+        the others are `cancelled` with their tokens so far."""
         rows = [b for b, w in enumerate(windows) if w.request_id not in self.fail_request_ids]
         results: dict[int, WindowResult] = {
             b: WindowResult(w.request_id, [], w.final, error="RuntimeError: injected failure")
@@ -196,8 +199,14 @@ class ModelRunner:
                     d = decode_with_fallback(self.bundle, features[b : b + 1], opts.prompt,
                                              opts.audio_seconds, TEMPERATURES[1:])
                 results[b] = self._window_result(windows[b], d)
-        except DecodingCancelled:
-            raise
+        except DecodingCancelled as e:
+            for b, d, prefix in zip(rows, e.results, e.prefixes, strict=True):
+                window = windows[b]
+                if d is not None and not (self._commits(window) and d.needs_fallback):
+                    results[b] = self._window_result(window, d)
+                else:
+                    results[b] = WindowResult(window.request_id, [], False, window.preview,
+                                              cancelled=True, tokens=prefix)
         except Exception:
             log.exception("batched decoding failed; decoding the %d windows one by one", len(rows))
             for b, opts in zip(rows, options, strict=True):

@@ -421,3 +421,39 @@ def test_finals_that_fall_due_during_a_step_go_in_the_order_they_fell_due():
         order += [(w.request_id, w.final) for w in step.scheduled.windows]
         engine.update_from_output(engine.execute(step))
     assert order == [("b", True), ("a", True)]  # not the queue's order (a, b)
+
+
+def test_a_given_up_partials_step_keeps_finished_decodes_and_the_others_tokens_so_far(monkeypatch):
+    """Stopped after some decoder calls: the short window's decode had finished and is shown;
+    the long one's tokens so far (a greedy prefix) become the draft of its next decode."""
+    samples = audio(librivox_path("0920")).numpy()
+    engine = Engine(bundle(), EngineConfig())
+    for rid, n in (("short", 24000), ("long", 80000)):  # 1.5 s and 5 s of speech: previews
+        engine.add_request(rid)
+        engine.add_audio(rid, samples[:n])
+    step = engine.schedule()
+    assert [(w.request_id, w.preview) for w in step.scheduled.windows] == [("short", True),
+                                                                           ("long", True)]
+    decoder = engine.runner.model.decoder
+    hidden, calls = decoder.hidden, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 10:
+            engine.stop_partials.set()  # as the engine loop does when a final falls due
+        return hidden(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "hidden", counted)
+    output = engine.execute(step)
+    assert [r.cancelled for r in output.results] == [False, True]
+    prefix = output.results[1].tokens
+    assert 0 < len(prefix) < 20
+    outs = {o.request_id: o for o in engine.update_from_output(output)}
+    assert list(outs) == ["short"] and outs["short"].tentative  # shown
+    assert engine.scheduler.requests["long"].drafts[0] == (step.scheduled.windows[1].window_end, prefix)
+    monkeypatch.setattr(decoder, "hidden", hidden)
+    alone = Engine(bundle(), EngineConfig())
+    alone.add_request("long")
+    alone.add_audio("long", samples[:80000])
+    full = alone.execute(alone.schedule()).results[0].tokens
+    assert len(full) > len(prefix) and full[: len(prefix)] == prefix

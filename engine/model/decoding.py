@@ -43,7 +43,17 @@ class DecodingOptions:
 
 
 class DecodingCancelled(Exception):
-    """The caller's `stop` asked to give up a decode (its result is no longer wanted)."""
+    """The caller's `stop` asked to give up a decode (its result is no longer wanted).
+
+    Per row of the batch: `results`, its result if it had finished, else None; `prefixes`,
+    the tokens decoded so far (a greedy prefix, so a draft for the next decode of that audio).
+    """
+
+    def __init__(self, results: list[DecodingResult | None] | None = None,
+                 prefixes: list[list[int]] | None = None):
+        super().__init__("decoding cancelled")
+        self.results = results or []
+        self.prefixes = prefixes or []
 
 
 @dataclass
@@ -262,7 +272,8 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     Where greedy differs, the rejected tokens' keys are dropped; the rest of the draft waits
     until greedy comes back in step with it (`resync_draft`) and is then fed again with the
     chosen token. Finished rows leave the batch (their cache rows are dropped). `stop` is
-    asked before every decoder call; when it says so, DecodingCancelled is raised.
+    asked before every decoder call; when it says so, DecodingCancelled is raised with the
+    finished rows' results and every row's tokens so far.
     """
     device = audio_features.device
     eot, ts_begin = tokenizer.eot, tokenizer.timestamp_begin
@@ -282,7 +293,8 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     extras = [1 + (not o.timestamps) for o in options]  # logits before the draft's: first call
     while active:
         if stop is not None and stop():
-            raise DecodingCancelled
+            raise DecodingCancelled([row.result(tokenizer) if row.stop else None for row in rows],
+                                    [list(row.seq) for row in rows])
         width = max(len(feeds[r]) for r in active)
         tokens = torch.full((len(active), width), eot, dtype=torch.long)
         valid = torch.zeros(len(active), width, dtype=torch.bool)
