@@ -1,6 +1,7 @@
 """Torch-free engine core: windows, encoder-cache bookkeeping, scheduler, placeholders."""
 
 import random
+from functools import partial
 
 from engine.encoder_cache import EncoderCacheManager
 from engine.mm_window import get_mm_features_in_window
@@ -30,6 +31,15 @@ def add_items(request: Request, num_items: int, length: int = 4) -> None:
         request.mm_features.append(
             MMFeature(f"{request.request_id}-{i}", PlaceholderRange(request.num_positions, length)))
     request.last_speech_end = request.num_positions
+
+
+def schedule_in_flight(scheduler: Scheduler) -> list[tuple[str, bool]]:
+    """Schedule a step and mark its requests in flight, as Engine.schedule does ->
+    (request id, final) per window."""
+    out = scheduler.schedule()
+    for w in out.windows:
+        scheduler.requests[w.request_id].output_token_ids.append(-1)
+    return [(w.request_id, w.final) for w in out.windows]
 
 
 def brute_window(features, start, end):
@@ -283,11 +293,7 @@ def test_finals_per_step_are_limited_when_asked_and_wait_first_in_line():
     for request in requests:
         scheduler.add_request(request)
 
-    def step() -> list[tuple[str, bool]]:
-        out = scheduler.schedule()
-        for w in out.windows:
-            scheduler.requests[w.request_id].output_token_ids.append(-1)
-        return [(w.request_id, w.final) for w in out.windows]
+    step = partial(schedule_in_flight, scheduler)
 
     assert step() == [("b", True), ("c", True)]  # two finals, no partial
     assert step() == [("d", True)]  # the third final before a's partial
@@ -300,11 +306,7 @@ def test_finals_go_in_the_order_they_fell_due_not_in_queue_order():
     for request in requests.values():
         scheduler.add_request(request)
 
-    def step() -> list[tuple[str, bool]]:
-        out = scheduler.schedule()
-        for w in out.windows:
-            scheduler.requests[w.request_id].output_token_ids.append(-1)
-        return [(w.request_id, w.final) for w in out.windows]
+    step = partial(schedule_in_flight, scheduler)
 
     assert step() == [("a", False), ("b", False), ("c", False)]  # c is now last in the queue
     requests["c"].endpoints.append(20)  # c's pause comes while its partial runs
@@ -327,11 +329,7 @@ def test_partials_per_step_are_limited_but_finals_are_not():
     for request in requests:
         scheduler.add_request(request)
 
-    def step() -> list[tuple[str, bool]]:
-        out = scheduler.schedule()
-        for w in out.windows:  # in flight, as the engine marks them
-            scheduler.requests[w.request_id].output_token_ids.append(-1)
-        return [(w.request_id, w.final) for w in out.windows]
+    step = partial(schedule_in_flight, scheduler)
 
     assert step() == [("c", True), ("d", True)]  # both finals; a step with finals has no partials
     assert step() == [("a", False)]  # one partial a step
