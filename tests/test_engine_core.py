@@ -321,6 +321,21 @@ def test_finals_go_in_the_order_they_fell_due_not_in_queue_order():
     assert step() == [("b", True)]
 
 
+def test_a_final_no_longer_due_loses_its_place_in_line():
+    scheduler = Scheduler(SchedulerConfig(decode_interval=4))
+    a, b = make_request("a", 10), make_request("b", 10)
+    for request in (a, b):
+        scheduler.add_request(request)
+    a.endpoints.append(20)
+    scheduler.note_final_due(a)  # as the engine does when the pause comes in
+    b.endpoints.append(20)
+    scheduler.note_final_due(b)
+    assert (a.due_number, b.due_number) == (1, 2)
+    scheduler.advance_window(a, 24)  # a cut past a's pause: no final due for a
+    assert schedule_in_flight(scheduler) == [("b", True)]  # a does not go first as a partial
+    assert a.due_number is None and b.due_number is None
+
+
 def test_partials_per_step_are_limited_but_finals_are_not():
     scheduler = Scheduler(SchedulerConfig(max_partials=1, decode_interval=4))
     requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
