@@ -135,9 +135,9 @@ class Engine:
         self.last_stats = StepStats()
         # set (from any thread) to give up the partials-only step in flight: a final fell due
         self.stop_partials = threading.Event()
-        # sessions whose final was due when the last step was scheduled: in a step of partials
-        # only, those finals could not be placed (a full encoder cache); see final_fell_due
-        self.due_at_schedule: set[str] = set()
+        # finals numbered (Request.due_number) when the last step was scheduled: in a step of
+        # partials only, those could not be placed (a full encoder cache); see final_fell_due
+        self.num_due_at_schedule = 0
         params = f"{bundle.model_id}:{self.config.item_samples}:{STREAM_LOG_FLOOR}"
         self._hash_key = hashlib.blake2b(params.encode(), digest_size=16).digest()
 
@@ -277,8 +277,7 @@ class Engine:
         """
         self.stop_partials.clear()
         scheduled = self.scheduler.schedule()
-        self.due_at_schedule = {rid for rid, r in self.scheduler.requests.items()
-                                if self.scheduler.final_due(r)}
+        self.num_due_at_schedule = self.scheduler.num_due
         if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
             return None
         requests = self.scheduler.requests
@@ -441,8 +440,8 @@ class Engine:
         of a step of partials could not be placed; giving up partials for it would starve
         them and leave it where it was."""
         requests = self.scheduler.requests
-        return any(rid not in self.due_at_schedule and rid in requests
-                   and self.scheduler.final_due(requests[rid]) for rid in request_ids)
+        return any(rid in requests and (requests[rid].due_number or 0) > self.num_due_at_schedule
+                   for rid in request_ids)
 
     def has_work(self) -> bool:
         """Whether a request is ready to be scheduled (not counting those in flight)."""

@@ -389,7 +389,8 @@ async def test_a_final_that_cannot_be_placed_does_not_give_up_the_partials():
     loop._apply_commands()
     step = engine.schedule()
     assert [(w.request_id, w.final) for w in step.scheduled.windows] == [("a", False)]
-    assert engine.due_at_schedule == {"b"}
+    assert engine.scheduler.requests["b"].due_number == engine.num_due_at_schedule == 1
+    assert engine.scheduler.requests["a"].due_number is None
     loop.add_audio("b", samples[:16000])  # b streams on while the step runs
     output = await loop._execute(step)
     assert [r.cancelled for r in output.results] == [False]  # the partial ran to its end
