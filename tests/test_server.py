@@ -248,6 +248,8 @@ async def test_limits_key_sessions_message_size_idle(tmp_path):
         async with connect(url(server, "/v1/listen"),
                            additional_headers={"Authorization": "Bearer s3cret"}) as first:
             await first.recv()  # Connected
+            # the client offered permessage-deflate; audio does not compress, so no extension
+            assert "Sec-WebSocket-Extensions" not in first.response.headers
             async with connect(url(server, "/v1/realtime?api_key=s3cret")) as second:
                 with pytest.raises(ConnectionClosed):
                     await second.recv()
