@@ -253,6 +253,21 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
         Engine(bundle(), EngineConfig(endpoint_ms=10))
 
 
+@pytest.mark.parametrize(("endpoint_ms", "silent_items"), [(100, 2), (240, 3), (250, 3), (320, 4)])
+def test_an_endpoint_comes_after_whole_silent_items(endpoint_ms, silent_items):
+    """Silence is counted in 80 ms items against the setting rounded down to 20 ms (README)."""
+    engine = Engine(bundle(), EngineConfig(endpoint_ms=endpoint_ms))
+    engine.add_request("s")
+    t = np.arange(16000) / 16000
+    engine.add_audio("s", (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))  # 1 s of tone
+    request = engine.scheduler.requests["s"]
+    for _ in range(8):  # then silence, one item at a time
+        if request.endpoints:
+            break
+        engine.add_audio("s", np.zeros(1280, np.float32))
+    assert list(request.endpoints) == [request.num_positions]
+    assert (request.endpoints[0] - request.last_speech_end) // engine.item_positions == silent_items
+
 def test_finals_per_step_default_to_two_on_the_cpu():
     assert Engine(bundle()).scheduler.config.max_finals == 2
     assert Engine(bundle(), EngineConfig(max_finals=5)).scheduler.config.max_finals == 5
