@@ -264,9 +264,10 @@ def test_an_endpoint_comes_after_whole_silent_items(endpoint_ms, silent_items):
     for _ in range(8):  # then silence, one item at a time
         if request.endpoints:
             break
-        engine.add_audio("s", np.zeros(1280, np.float32))
+        engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
     assert list(request.endpoints) == [request.num_positions]
     assert (request.endpoints[0] - request.last_speech_end) // engine.item_positions == silent_items
+
 
 def test_finals_per_step_default_to_two_on_the_cpu():
     assert Engine(bundle()).scheduler.config.max_finals == 2
