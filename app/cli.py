@@ -73,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine_config = EngineConfig(scheduler=SchedulerConfig(max_partials=args.max_partials),
                                  pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
                                  preview_pad_seconds=args.preview_pad_seconds or None,
-                                 max_finals=args.max_finals)
+                                 max_finals=args.max_finals, worker_process=args.worker == "process")
     server = Server(Engine(_load(args), engine_config), config)
     try:
         asyncio.run(server.serve_forever())
@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-finals", type=int, default=None,
                    help="final windows decoded per step (default: 2 on the CPU, where a batch "
                         "of windows costs the sum of their encoder passes; 16 on a GPU)")
+    p.add_argument("--worker", choices=("process", "thread"), default="process",
+                   help="run the model in a worker process (default), or in a thread of the "
+                        "server's process, where it shares the interpreter lock")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)
 

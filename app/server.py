@@ -126,6 +126,7 @@ class Server:
             self.ws_server.close()
             await self.ws_server.wait_closed()
         await self.loop.stop()
+        self.engine.close()
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -154,9 +155,11 @@ class Server:
                 return _text(HTTPStatus.BAD_REQUEST, f"{e}\n")
             return None  # on to the websocket handshake
         if url.path == "/healthz":
-            body = {"status": "ok", "model": self.ctx.model_name, "sessions": len(self.sessions),
-                    "device": str(self.engine.bundle.device)}
-            return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+            healthy = self.engine.healthy
+            body = {"status": "ok" if healthy else "model worker exited", "model": self.ctx.model_name,
+                    "sessions": len(self.sessions), "device": str(self.engine.bundle.device)}
+            return _response(HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE,
+                             json.dumps(body).encode(), "application/json")
         if url.path == "/metrics":
             return _response(HTTPStatus.OK, self.metrics.render().encode(),
                              "text/plain; version=0.0.4; charset=utf-8")

@@ -19,9 +19,10 @@ import numpy as np
 from audio.frames import CONTEXT_BEFORE, ITEM_SAMPLES, STREAM_LOG_FLOOR, AudioFramer
 from audio.io import SAMPLE_RATE
 from audio.vad import level_db
+from engine.mm_window import window_pieces
 from engine.model import ModelBundle
 from engine.model.decoding import shift_timestamps
-from engine.model_runner import ModelRunner, RunnerOutput, WindowResult
+from engine.model_runner import ModelInput, ModelRunner, RunnerOutput, WindowInput, WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate, Word
 from engine.processor_cache import ProcessorCache
 from engine.request import (
@@ -34,6 +35,7 @@ from engine.request import (
     fill_placeholders,
 )
 from engine.scheduler import MAX_WINDOW_POSITIONS, Scheduler, SchedulerConfig, SchedulerOutput
+from engine.worker import RunnerProcess
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,9 @@ class EngineConfig:
     # final windows per step; None: 2 on the CPU, where batching does not make the encoder
     # cheaper per window and a final would wait for the others, else SchedulerConfig's
     max_finals: int | None = None
+    # run the model in a worker process (engine/worker.py), out of the caller's interpreter
+    # lock: what the server does. False: in the calling process (tests, scripts).
+    worker_process: bool = False
 
 
 @dataclass
@@ -85,9 +90,7 @@ class EngineOutput:
 @dataclass
 class StepInput:
     scheduled: SchedulerOutput
-    requests: dict[str, Request]  # the scheduled requests (they stay valid if aborted)
-    prompts: dict[str, list[int]]  # request id -> committed tokens before its window
-    drafts: dict[str, list[int]]  # request id -> the tokens its decode is likely to give (_draft)
+    model_input: ModelInput  # what the runner reads: a snapshot taken when scheduled
 
 
 @dataclass
@@ -123,8 +126,14 @@ class Engine:
         self.scheduler = Scheduler(replace(
             self.config.scheduler, max_finals=max_finals,
             preview_positions=ms_to_position(self.config.agree_after_ms) if previews else 0))
-        self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds,
-                                  self.config.preview_pad_seconds)
+        self.runner: ModelRunner | RunnerProcess
+        if self.config.worker_process:
+            self.runner = RunnerProcess(bundle, self.config.pad_seconds,
+                                        self.config.preview_pad_seconds,
+                                        self.config.processor_cache_bytes)
+        else:
+            self.runner = ModelRunner(bundle, self.processor_cache, self.config.pad_seconds,
+                                      self.config.preview_pad_seconds)
         self.item_positions = self.config.item_samples // SAMPLES_PER_POSITION  # 4 for 80 ms
         self.framers: dict[str, AudioFramer] = {}
         self.policies: dict[str, LocalAgreement] = {}
@@ -134,7 +143,8 @@ class Engine:
         self.pad_totals: dict[str, list[int]] = {}
         self.last_stats = StepStats()
         # set (from any thread) to give up the partials-only step in flight: a final fell due
-        self.stop_partials = threading.Event()
+        self.stop_partials = (self.runner.stop_event if isinstance(self.runner, RunnerProcess)
+                              else threading.Event())
         # finals numbered (Request.due_number) when the last step was scheduled: in a step of
         # partials only, those could not be placed (a full encoder cache); see final_fell_due
         self.num_due_at_schedule = 0
@@ -281,17 +291,19 @@ class Engine:
         if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
             return None
         requests = self.scheduler.requests
-        snapshot = {rid: requests[rid] for rid in scheduled.encoder_inputs}
-        prompts, drafts = {}, {}
+        inp = ModelInput(freed_mm_hashes=scheduled.freed_mm_hashes)
+        for request_id, indices in scheduled.encoder_inputs.items():
+            features = requests[request_id].mm_features
+            for i in indices:
+                inp.new_items.setdefault(features[i].identifier, features[i].data)
         for window in scheduled.windows:
-            request = snapshot[window.request_id] = requests[window.request_id]
+            request = requests[window.request_id]
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
-            policy = self.policies[window.request_id]
-            prompts[window.request_id] = policy.prompt_tokens(in_window=not window.preview)
+            pieces = window_pieces(request.mm_features, window.window_start, window.window_end)
+            prompt = self.policies[window.request_id].prompt_tokens(in_window=not window.preview)
             draft = self._draft(request, window.window_start, window.preview)
-            if draft:
-                drafts[window.request_id] = draft
-        return StepInput(scheduled, snapshot, prompts, drafts)
+            inp.windows.append(WindowInput(window, pieces, prompt, draft))
+        return StepInput(scheduled, inp)
 
     def _draft(self, request: Request, start: int, preview: bool) -> list[int]:
         """The tokens a decode of the window from `start` is likely to give: the last decode
@@ -312,8 +324,7 @@ class Engine:
         audio, flushes, aborts or schedules on its own thread: it reads only the step's
         snapshot, and the scheduler never hands out a request that is in flight."""
         try:
-            return self.runner.execute(step.scheduled, step.requests, step.prompts, step.drafts,
-                                       self.stop_partials.is_set)
+            return self.runner.execute(step.model_input, self.stop_partials.is_set)
         except Exception as e:  # a fault outside one window's decode: fail this step's sessions
             log.exception("model runner step failed")
             error = f"{type(e).__name__}: {e}"
@@ -323,6 +334,8 @@ class Engine:
     def update_from_output(self, output: RunnerOutput) -> list[EngineOutput]:
         self.last_stats = StepStats(output.num_windows, output.num_encoder_calls,
                                     output.num_encoded_items, output.num_fallbacks)
+        if output.processor_counts is not None:  # the worker's cache: keep the counters in step
+            self.processor_cache.num_queries, self.processor_cache.num_hits = output.processor_counts
         outputs = []
         for result in output.results:
             request = self.scheduler.requests.get(result.request_id)
@@ -446,3 +459,13 @@ class Engine:
     def has_work(self) -> bool:
         """Whether a request is ready to be scheduled (not counting those in flight)."""
         return any(self.scheduler.is_ready(r) for r in self.scheduler.requests.values())
+
+    @property
+    def healthy(self) -> bool:
+        """False once the worker process the model runs in has exited."""
+        return not isinstance(self.runner, RunnerProcess) or self.runner.alive
+
+    def close(self) -> None:
+        """Stop the worker process, if the model runs in one (the engine is unusable after)."""
+        if isinstance(self.runner, RunnerProcess):
+            self.runner.close()

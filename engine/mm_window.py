@@ -27,3 +27,15 @@ def get_mm_features_in_window(features: list[MMFeature], start: int, end: int) -
     lo = bisect_right(features, start, key=_end)
     hi = bisect_left(features, end, lo=lo, key=_offset)
     return lo, hi
+
+
+def window_pieces(features: list[MMFeature], start: int, end: int) -> list[tuple[str, int, int]]:
+    """The embeddings of positions [start, end): per overlapping item, in order,
+    (item hash, first embedding, end embedding) of the part inside the window."""
+    lo, hi = get_mm_features_in_window(features, start, end)
+    pieces = []
+    for feature in features[lo:hi]:
+        pos = feature.mm_position
+        first, last = pos.get_embeds_indices_in_range(start - pos.offset, end - pos.offset)
+        pieces.append((feature.identifier, first, last))
+    return pieces

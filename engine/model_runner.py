@@ -5,6 +5,10 @@ content hash), one batched transformer call over all scheduled windows, then one
 greedy decode of all windows (prompts left-padded, finished rows leave the batch). Host
 arrays enter through torch.from_numpy; nothing is copied back from the device but the
 decoded token ids.
+
+The runner sees a step only as a `ModelInput`: per window its items' hashes and embedding
+ranges, its prompt and draft, and the PCM of the items it has not computed yet. That is all
+it needs, and it pickles, so the runner can live in a worker process (engine/worker.py).
 """
 
 from __future__ import annotations
@@ -18,18 +22,40 @@ import torch
 import torch.nn.functional as F
 
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
-from engine.mm_window import get_mm_features_in_window
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingCancelled, DecodingOptions, DecodingResult, decode_batch
 from engine.model.transcribe import TEMPERATURES, decode_with_fallback, split_segments
 from engine.policy import Word
 from engine.processor_cache import ProcessorCache
-from engine.request import POSITIONS_PER_SECOND, Request
-from engine.scheduler import MAX_WINDOW_POSITIONS, ScheduledWindow, SchedulerOutput
+from engine.request import POSITIONS_PER_SECOND
+from engine.scheduler import MAX_WINDOW_POSITIONS, ScheduledWindow
 
 log = logging.getLogger(__name__)
 
 COMMIT_POSITIONS = MAX_WINDOW_POSITIONS - POSITIONS_PER_SECOND  # a window this long is committed whole
+
+
+@dataclass
+class WindowInput:
+    """What the runner needs of one scheduled window."""
+
+    window: ScheduledWindow
+    pieces: list[tuple[str, int, int]]  # per item in the window: (hash, first, end embedding)
+    prompt: list[int] = field(default_factory=list)  # committed tokens before the window
+    draft: list[int] = field(default_factory=list)  # the tokens its decode is likely to give
+
+    @property
+    def request_id(self) -> str:
+        return self.window.request_id
+
+
+@dataclass
+class ModelInput:
+    """One step as the runner sees it (a snapshot: the engine's requests may change meanwhile)."""
+
+    windows: list[WindowInput] = field(default_factory=list)
+    new_items: dict[str, np.ndarray] = field(default_factory=dict)  # hash -> item PCM context
+    freed_mm_hashes: list[str] = field(default_factory=list)  # evicted: drop their tensors
 
 
 @dataclass
@@ -54,6 +80,9 @@ class RunnerOutput:
     num_encoded_items: int = 0  # unique items computed in that call
     num_windows: int = 0  # windows in the batched transformer calls (one per padded length)
     num_fallbacks: int = 0  # windows re-decoded at higher temperatures
+    # the runner's processor cache (queries, hits) so far; set by a worker process, whose
+    # cache the engine cannot see
+    processor_counts: tuple[int, int] | None = None
 
 
 class ModelRunner:
@@ -92,24 +121,17 @@ class ModelRunner:
         return x.permute(0, 2, 1)
 
     @torch.inference_mode()
-    def encode_items(self, out: SchedulerOutput, requests: dict[str, Request]) -> tuple[int, int]:
+    def encode_items(self, inp: ModelInput) -> tuple[int, int]:
         """Compute the stem for all new items of all sessions in one call -> (calls, items)."""
-        for mm_hash in out.freed_mm_hashes:
+        for mm_hash in inp.freed_mm_hashes:
             self.encoder_cache.pop(mm_hash, None)
-        todo: dict[str, np.ndarray | None] = {}
-        for request_id, indices in out.encoder_inputs.items():
-            features = requests[request_id].mm_features
-            for i in indices:
-                feature = features[i]
-                if feature.identifier not in self.encoder_cache:
-                    todo.setdefault(feature.identifier, feature.data)
-        if not todo:
+        hashes = [h for h in inp.new_items if h not in self.encoder_cache]
+        if not hashes:
             return 0, 0
-        hashes = list(todo)
         mels: list[torch.Tensor | None] = [self.processor_cache.get(h) for h in hashes]
         missing = [i for i, m in enumerate(mels) if m is None]
         if missing:
-            contexts = np.stack([todo[hashes[i]] for i in missing])  # (M, context samples)
+            contexts = np.stack([inp.new_items[hashes[i]] for i in missing])  # (M, context samples)
             computed = item_log_mel(torch.from_numpy(contexts), self.model.dims.n_mels)
             for j, i in enumerate(missing):
                 mels[i] = computed[j]
@@ -119,25 +141,15 @@ class ModelRunner:
             self.encoder_cache[mm_hash] = stem[i]
         return 1, len(hashes)
 
-    def gather(self, window: ScheduledWindow, request: Request, length: int = MAX_WINDOW_POSITIONS
-               ) -> torch.Tensor:
+    def gather(self, window: WindowInput, length: int = MAX_WINDOW_POSITIONS) -> torch.Tensor:
         """Embeddings of the window's positions, padded to `length` (30 s) -> (length, n_state)."""
-        pieces = []
-        item_lo, item_hi = get_mm_features_in_window(request.mm_features, window.window_start,
-                                                     window.window_end)
-        for feature in request.mm_features[item_lo:item_hi]:
-            pos = feature.mm_position
-            embed_lo, embed_hi = pos.get_embeds_indices_in_range(window.window_start - pos.offset,
-                                                                 window.window_end - pos.offset)
-            pieces.append(self.encoder_cache[feature.identifier][embed_lo:embed_hi])
+        pieces = [self.encoder_cache[mm_hash][lo:hi] for mm_hash, lo, hi in window.pieces]
         x = torch.cat(pieces) if pieces else self.pad[None, :0]
         num_pad = length - x.shape[0]
         return torch.cat([x, self.pad.expand(num_pad, -1)]) if num_pad > 0 else x
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, requests: dict[str, Request],
-                prompts: dict[str, list[int]], drafts: dict[str, list[int]] | None = None,
-                stop: Callable[[], bool] | None = None) -> RunnerOutput:
+    def execute(self, inp: ModelInput, stop: Callable[[], bool] | None = None) -> RunnerOutput:
         """Encode the new items, run the transformer over every window, decode them: windows
         and previews each as one batch (their padded lengths differ). A window's draft (its
         previous decode) is verified instead of generated token by token.
@@ -146,20 +158,20 @@ class ModelRunner:
         transformer and decoder call): the windows whose decode had not finished are then
         `cancelled`, with the tokens decoded so far. The new items are encoded all the same
         (the encoder cache counts on them)."""
-        calls, items = self.encode_items(out, requests)
+        calls, items = self.encode_items(inp)
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
-                              num_windows=len(out.windows))
-        if any(w.final for w in out.windows):
+                              num_windows=len(inp.windows))
+        if any(w.window.final for w in inp.windows):
             stop = None  # a step with finals runs to its end
-        return self._run_windows(out, requests, prompts, drafts or {}, result, stop)
+        return self._run_windows(inp.windows, result, stop)
 
-    def _run_windows(self, out: SchedulerOutput, requests: dict[str, Request],
-                     prompts: dict[str, list[int]], drafts: dict[str, list[int]],
-                     result: RunnerOutput, stop: Callable[[], bool] | None) -> RunnerOutput:
-        groups: dict[bool, list[ScheduledWindow]] = {}
-        for window in out.windows:
+    def _run_windows(self, inputs: list[WindowInput], result: RunnerOutput,
+                     stop: Callable[[], bool] | None) -> RunnerOutput:
+        groups: dict[bool, list[WindowInput]] = {}
+        for w in inputs:
+            window = w.window
             if window.window_end > window.window_start and window.speech:
-                groups.setdefault(window.preview, []).append(window)
+                groups.setdefault(window.preview, []).append(w)
             else:  # a flush or finish with no new audio, or no speech in it: nothing to decode
                 result.results.append(WindowResult(window.request_id, [], window.final, silence=True))
         cancelled = False
@@ -169,26 +181,27 @@ class ModelRunner:
                 result.results += [WindowResult(w.request_id, [], False, preview, cancelled=True)
                                    for w in windows]
                 continue
-            length = self.padded_length(max(w.window_end - w.window_start for w in windows), preview)
-            x = torch.stack([self.gather(w, requests[w.request_id], length) for w in windows])
+            length = self.padded_length(max(w.window.window_end - w.window.window_start
+                                            for w in windows), preview)
+            x = torch.stack([self.gather(w, length) for w in windows])  # (B, length, n_state)
             features = self.model.encoder.transformer(x)  # (B, length, n_state)
-            decoded = self.decode_windows(windows, features, prompts, drafts, stop)
+            decoded = self.decode_windows(windows, features, stop)
             result.results += decoded
             result.num_fallbacks += sum(r.temperature > 0 for r in decoded)
             cancelled = any(r.cancelled for r in decoded)
         return result
 
-    def decode_windows(self, windows: list[ScheduledWindow], features: torch.Tensor,
-                       prompts: dict[str, list[int]], drafts: dict[str, list[int]],
+    def decode_windows(self, inputs: list[WindowInput], features: torch.Tensor,
                        stop: Callable[[], bool] | None = None) -> list[WindowResult]:
         """Decode all windows as one batch; if that fails, each alone, so a fault stays with
         its own session. Given up (`stop`): the windows decoded by then keep their results,
         the others are `cancelled` with their tokens so far."""
+        windows = [w.window for w in inputs]
         rows = [b for b, w in enumerate(windows) if w.request_id not in self.fail_request_ids]
         results: dict[int, WindowResult] = {
             b: WindowResult(w.request_id, [], w.final, error="RuntimeError: injected failure")
             for b, w in enumerate(windows) if w.request_id in self.fail_request_ids}
-        options = [self._options(windows[b], prompts, drafts) for b in rows]
+        options = [self._options(inputs[b]) for b in rows]
         try:
             decoded = decode_batch(self.model, self.bundle.tokenizer, features[rows], options,
                                    self.bundle.suppress, stop) if rows else []
@@ -227,11 +240,9 @@ class ModelRunner:
         return window.final or window.window_end - window.window_start >= COMMIT_POSITIONS
 
     @staticmethod
-    def _options(window: ScheduledWindow, prompts: dict[str, list[int]],
-                 drafts: dict[str, list[int]]) -> DecodingOptions:
-        seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
-        return DecodingOptions(prompt=prompts.get(window.request_id, []), audio_seconds=seconds,
-                               draft=drafts.get(window.request_id, []))
+    def _options(w: WindowInput) -> DecodingOptions:
+        seconds = (w.window.window_end - w.window.window_start) / POSITIONS_PER_SECOND
+        return DecodingOptions(prompt=w.prompt, audio_seconds=seconds, draft=w.draft)
 
     def _window_result(self, window: ScheduledWindow, decoded: DecodingResult) -> WindowResult:
         """Decoded tokens -> timed words in session time."""

@@ -23,7 +23,9 @@ from engine.model.decoding import DecodingOptions, decode, decode_batch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.engine import Engine  # noqa: E402
+from engine.mm_window import window_pieces  # noqa: E402
 from engine.model import load_bundle  # noqa: E402
+from engine.model_runner import WindowInput  # noqa: E402
 from engine.request import MMFeature, PlaceholderRange, Request  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 
@@ -57,7 +59,8 @@ def schedule_gather_seconds(engine: Engine, num_items: int, steps: int = 300) ->
         for idx in out.encoder_inputs.get(rid, []):
             runner.encoder_cache[request.mm_features[idx].identifier] = embed
         for window in out.windows:
-            runner.gather(window, request)
+            pieces = window_pieces(request.mm_features, window.window_start, window.window_end)
+            runner.gather(WindowInput(window, pieces))
             # keep the window length steady: commit as far as the new audio
             scheduler.advance_window(
                 request, max(request.window_start, window.window_end - 4 * WINDOW_ITEMS))

@@ -13,7 +13,7 @@ The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s.
 
     scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
         [--preview-pad-seconds 0] [--endpoint-ms 400] [--rotate] [--max-batch 4] [--max-finals 1] \
-        [--json out.json]
+        [--worker thread] [--json out.json]
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def main() -> int:
     parser.add_argument("--rotate", action="store_true",
                         help="session i starts at the (i mod 5)-th recording: pauses spread out")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--worker", choices=("process", "thread"), default="process",
+                        help="where the model runs, as `voxtide serve --worker`")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -91,11 +93,13 @@ def main() -> int:
     config = EngineConfig(scheduler=scheduler,
                           pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
                           preview_pad_seconds=args.preview_pad_seconds or None,
-                          agree_after_ms=args.agree_after_ms, max_finals=args.max_finals)
+                          agree_after_ms=args.agree_after_ms, max_finals=args.max_finals,
+                          worker_process=args.worker == "process")
     print(f"pad_seconds {args.pad_seconds}, preview pad {args.preview_pad_seconds}, endpoint_ms "
           f"{args.endpoint_ms}, max batch {args.max_batch}, max finals {args.max_finals or 'default'}, "
           f"decode interval "
           f"{args.decode_interval_ms} ms, agree after {args.agree_after_ms} ms, {args.threads} threads, "
+          f"model in a {args.worker}, "
           f"{samples.shape[0] / 16000:.1f} s per session"
           + (", rotated" if args.rotate else ", all in step"))
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")

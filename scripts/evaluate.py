@@ -214,7 +214,8 @@ def main() -> int:
     systems = []
     if "stream" not in args.skip:
         config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
-                              preview_pad_seconds=args.preview_pad_seconds or None)
+                              preview_pad_seconds=args.preview_pad_seconds or None,
+                              worker_process=True)  # as `voxtide serve`
         asyncio.run(stream_all(rows, args.parallel, args.fast, config))
         systems.append("stream")
     if "offline" not in args.skip:

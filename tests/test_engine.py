@@ -284,7 +284,7 @@ def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     engine.add_request("s")
     engine.add_audio("s", samples[:32000])  # 2 s
     first = engine.schedule()
-    assert first.drafts == {}
+    assert [w.draft for w in first.model_input.windows] == [[]]
     engine.update_from_output(engine.execute(first))
     request = engine.scheduler.requests["s"]
     end, tokens = request.drafts[0]
@@ -292,14 +292,14 @@ def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     assert tokens and list(request.drafts) == [0]
     engine.add_audio("s", samples[32000:64000])
     second = engine.schedule()
-    assert second.drafts == {"s": tokens}
+    assert [w.draft for w in second.model_input.windows] == [tokens]
     out = engine.update_from_output(engine.execute(second))[0]
     assert "married" in normalize("".join(w.text for w in out.committed + out.tentative))
     assert request.drafts[0] != (end, tokens)  # the 4 s decode replaced the draft
     engine._cut(request, 100)  # the window no longer starts where it was decoded
     assert request.drafts == {}
     engine.add_audio("s", samples[64000:])
-    assert engine.schedule().drafts == {}
+    assert [w.draft for w in engine.schedule().model_input.windows] == [[]]
 
 
 def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(monkeypatch):
@@ -330,7 +330,8 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(mo
                 assert len(calls) < len(tokens) // 2
         elif finals and window.preview:
             assert window.window_start == finals[-1][0]  # from the end of the last final
-            assert step.prompts["s"] == [t for w in engine.policies["s"].committed for t in w.tokens]
+            (inp,) = step.model_input.windows
+            assert inp.prompt == [t for w in engine.policies["s"].committed for t in w.tokens]
             assert out.committed == [] and output.results[0].preview
             previews.append(" ".join(normalize("".join(w.text for w in out.tentative))))
     texts = [" ".join(normalize("".join(w.text for w in c))) for _, c in finals]
@@ -474,3 +475,33 @@ def test_a_given_up_partials_step_keeps_finished_decodes_and_the_others_tokens_s
     alone.add_audio("long", samples[:80000])
     full = alone.execute(alone.schedule()).results[0].tokens
     assert len(full) > len(prefix) and full[: len(prefix)] == prefix
+
+
+def test_the_model_in_a_worker_process_gives_the_same_words_and_is_stopped_alike():
+    """With `worker_process` the runner runs in a process of its own (the server's default):
+    the same words and timestamps as in-process; stop_partials reaches it; a stopped worker
+    fails the steps after it instead of hanging them."""
+    samples = audio(librivox_path("0920")).numpy()
+    engine = Engine(bundle(), EngineConfig(worker_process=True))
+    try:
+        engine.add_request("cut")
+        engine.add_audio("cut", samples[:48000])  # 3 s of speech, no pause: a partial
+        step = engine.schedule()
+        engine.stop_partials.set()  # set here, read by the worker
+        output = engine.execute(step)
+        assert [r.cancelled for r in output.results] == [True] and output.num_encoded_items > 0
+        engine.update_from_output(output)
+        engine.abort("cut")
+        words = stream(engine, ["s"], [samples])["s"]
+        assert engine.processor_cache.num_queries > 0  # the worker's counters come back
+    finally:
+        engine.close()
+    expected = stream(Engine(bundle()), ["s"], [samples])["s"]
+    assert [(w.text, w.start_ms, w.end_ms) for w in words] == \
+        [(w.text, w.start_ms, w.end_ms) for w in expected]
+    assert "married" in normalize("".join(w.text for w in words))
+    assert not engine.healthy
+    engine.add_request("late")
+    engine.add_audio("late", samples[:48000])
+    (out,) = engine.update_from_output(engine.execute(engine.schedule()))
+    assert out.finished and out.error.startswith("WorkerError")

@@ -12,6 +12,7 @@ import torch
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from engine.engine import EngineConfig
 from engine.wer import word_errors
 from tests.helpers import audio, librivox_path, transcripts
 from tests.server_client import (
@@ -328,6 +329,25 @@ async def test_engine_failure_ends_only_that_session(tmp_path):
         others, _ = await healthy
         assert finals_text(others) == GOLDEN["0890"]
         assert server.engine.num_requests == 0
+
+
+async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_health(tmp_path):
+    """`voxtide serve` runs the model in a worker process: the same words as offline; the
+    processor cache counters come back from it; if it dies, sessions get an engine error and
+    /healthz says 503."""
+    samples, _ = clip("0890")
+    async with running_server(tmp_path, EngineConfig(worker_process=True)) as server:
+        messages, _ = await listen(server, samples)
+        assert finals_text(messages) == GOLDEN["0890"]
+        assert (await http_get(server, "/healthz"))[0] == 200
+        metrics = (await http_get(server, "/metrics"))[2].decode()
+        assert re.search(r"^voxtide_processor_cache_queries [1-9]", metrics, re.M), metrics
+        server.engine.runner.process.kill()
+        messages, ws = await listen(server, samples)
+        assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "engine_error"
+        assert "WorkerError" in messages[-1]["message"] and ws.close_code == 1011
+        status, _, body = await http_get(server, "/healthz")
+        assert status == 503 and json.loads(body)["status"] == "model worker exited"
 
 
 async def test_realtime_clear_drops_the_uncommitted_audio(tmp_path):

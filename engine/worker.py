@@ -1,0 +1,139 @@
+"""The model runner in a worker process, as vLLM runs its engine core apart from the server.
+
+In a thread, the model runner shares one interpreter lock with the server's event loop and
+the engine's Python. A decode is hundreds of small torch calls, each giving the lock up and
+taking it back, and each time it may wait for the event loop: with 8 sessions on 2 CPU
+cores, the same steps took 40-60% longer in the server than alone (README). In a process of
+its own the runner has an interpreter to itself.
+
+`RunnerProcess` has the runner's `execute(ModelInput, stop)`. The worker gets each step's
+ModelInput through a pipe and sends back the RunnerOutput. The model's weights are shared
+with it, not copied (torch.multiprocessing: shared memory on the CPU, CUDA IPC on a GPU).
+Giving up a step of partials goes through an event both processes see (`stop_event`, which
+the engine uses as its `stop_partials`). If the worker dies, every later step fails with
+WorkerError, and the engine fails those steps' sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from engine.model import ModelBundle
+from engine.model_runner import ModelInput, ModelRunner, RunnerOutput
+from engine.processor_cache import ProcessorCache
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 300.0  # the worker imports torch and maps the shared weights
+STOP_TIMEOUT_S = 10.0
+
+
+class WorkerError(RuntimeError):
+    """The model worker process did not start, or exited."""
+
+
+def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: int | None,
+           preview_pad_seconds: int | None, processor_cache_bytes: int, num_threads: int) -> None:
+    """The worker's loop: a ModelInput in, its RunnerOutput (or exception) out; until it gets
+    None or the engine's end of the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server, which stops us
+    torch.set_num_threads(num_threads)
+    cache = ProcessorCache(processor_cache_bytes)
+    runner = ModelRunner(bundle, cache, pad_seconds, preview_pad_seconds)
+    conn.send("ready")
+    while True:
+        try:
+            inp = conn.recv()
+        except EOFError:  # the engine's process is gone
+            return
+        if inp is None:
+            return
+        try:
+            output = runner.execute(inp, stop_event.is_set)
+            output.processor_counts = (cache.num_queries, cache.num_hits)
+            conn.send(output)
+        except Exception as e:  # the engine fails this step's sessions with it
+            try:
+                conn.send(e)
+            except Exception:  # it does not pickle
+                conn.send(RuntimeError(f"{type(e).__name__}: {e}"))
+
+
+class RunnerProcess:
+    """A ModelRunner in a worker process; one step at a time."""
+
+    def __init__(self, bundle: ModelBundle, pad_seconds: int | None = None,
+                 preview_pad_seconds: int | None = None, processor_cache_bytes: int = 64 << 20):
+        ctx = mp.get_context("spawn")
+        self.stop_event = ctx.Event()
+        self._conn, child = ctx.Pipe()
+        self._lock = threading.Lock()  # a step's send and its reply belong together
+        self.process = ctx.Process(
+            target=_serve, name="voxtide-model", daemon=True,
+            args=(child, self.stop_event, bundle, pad_seconds, preview_pad_seconds,
+                  processor_cache_bytes, torch.get_num_threads()))
+        self.process.start()
+        child.close()  # the worker holds the other end once started: its exit ends our recv()
+        if not self._wait_ready():
+            self.close()
+            raise WorkerError(f"the model worker process did not start "
+                              f"(exit code {self.process.exitcode})")
+
+    def _wait_ready(self) -> bool:
+        """Wait for the worker's "ready", or its exit (a worker that dies while starting may
+        never have taken its end of the pipe, so the pipe alone would not tell)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._conn.poll(0.5):
+                try:
+                    return self._conn.recv() == "ready"
+                except EOFError:
+                    return False
+            if not self.process.is_alive():
+                return False
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive() and not self._conn.closed
+
+    def execute(self, inp: ModelInput, stop: Callable[[], bool] | None = None) -> RunnerOutput:
+        """Run one step in the worker. A step of partials is given up when `stop_event` is
+        set (the engine's `stop_partials`); `stop` itself cannot cross to the worker."""
+        with self._lock:
+            if self._conn.closed:
+                raise WorkerError("the model worker process was stopped")
+            try:
+                self._conn.send(inp)
+                reply = self._conn.recv()
+            except (EOFError, OSError) as e:
+                self.process.join(1.0)
+                raise WorkerError(f"the model worker process exited "
+                                  f"(exit code {self.process.exitcode})") from e
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def close(self) -> None:
+        """Ask the worker to exit; terminate it if it does not."""
+        with self._lock:
+            if not self._conn.closed:
+                try:
+                    self._conn.send(None)
+                except OSError:
+                    pass
+                self._conn.close()
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            log.warning("the model worker process did not exit; terminating it")
+            self.process.terminate()
+            self.process.join()
