@@ -35,7 +35,7 @@ from engine.request import (
     fill_placeholders,
 )
 from engine.scheduler import MAX_WINDOW_POSITIONS, Scheduler, SchedulerConfig, SchedulerOutput
-from engine.worker import RunnerProcess
+from engine.worker import RunnerProcess, can_share
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,13 @@ class Engine:
             self.config.scheduler, max_finals=max_finals,
             preview_positions=ms_to_position(self.config.agree_after_ms) if previews else 0))
         self.runner: ModelRunner | RunnerProcess
-        if self.config.worker_process:
+        worker_process = self.config.worker_process
+        if worker_process and not can_share(bundle):
+            log.warning("the model's weights do not fit in /dev/shm to share with a worker "
+                        "process (in a container, raise --shm-size): the model runs in a "
+                        "thread of this process, which is slower under load")
+            worker_process = False
+        if worker_process:
             self.runner = RunnerProcess(bundle, self.config.pad_seconds,
                                         self.config.preview_pad_seconds,
                                         self.config.processor_cache_bytes)

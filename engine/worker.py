@@ -17,6 +17,7 @@ WorkerError, and the engine fails those steps' sessions.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -39,6 +40,31 @@ STOP_TIMEOUT_S = 10.0
 
 class WorkerError(RuntimeError):
     """The model worker process did not start, or exited."""
+
+
+def shared_bytes(bundle: ModelBundle) -> int:
+    """Bytes of the model's CPU tensors that sharing with a worker moves to /dev/shm."""
+    model = bundle.model
+    tensors = [*model.parameters(), *model.buffers(), model.decoder.projection]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
+                if t is not None and t.device.type == "cpu" and not t.is_shared()}
+    return sum(storages.values())
+
+
+def shm_free_bytes() -> int | None:
+    """Free bytes in /dev/shm, where shared CPU tensors live (None: no such place to ask)."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def can_share(bundle: ModelBundle) -> bool:
+    """Whether the model's weights fit in /dev/shm (a container's default is 64 MB; writing
+    past it kills the process with SIGBUS instead of raising)."""
+    free = shm_free_bytes()
+    return free is None or shared_bytes(bundle) * 1.1 < free
 
 
 def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: int | None,

@@ -1,6 +1,7 @@
 """The engine on the real model: item features, batching, streaming text, faults."""
 
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,8 +11,11 @@ from app.engine_loop import EngineLoop
 from app.metrics import Metrics
 from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
 from audio.mel import log_mel_power, normalize_log_mel
+from engine import worker
 from engine.engine import Engine, EngineConfig
 from engine.model.transcribe import transcribe
+from engine.model.whisper import ModelDimensions, Whisper
+from engine.model_runner import ModelRunner
 from engine.scheduler import SchedulerConfig
 from engine.wer import normalize, word_errors
 from tests.helpers import ARCTIC_IDS, audio, bundle, concatenated, librivox_path
@@ -505,3 +509,20 @@ def test_the_model_in_a_worker_process_gives_the_same_words_and_is_stopped_alike
     engine.add_audio("late", samples[:48000])
     (out,) = engine.update_from_output(engine.execute(engine.schedule()))
     assert out.finished and out.error.startswith("WorkerError")
+
+
+def test_a_model_too_big_for_dev_shm_runs_in_a_thread(monkeypatch, caplog):
+    """Sharing weights with the worker puts them in /dev/shm (64 MB in a default container,
+    and writing past it is a SIGBUS): a model that does not fit stays in this process."""
+    dims = ModelDimensions(n_mels=80, n_audio_ctx=10, n_audio_state=8, n_audio_head=2,
+                           n_audio_layer=1, n_vocab=50, n_text_ctx=6, n_text_state=8,
+                           n_text_head=2, n_text_layer=1)
+    small = Whisper(dims)
+    expected = sum(t.numel() * t.element_size() for t in [*small.parameters(), *small.buffers()])
+    assert worker.shared_bytes(SimpleNamespace(model=small)) == expected
+    monkeypatch.setattr(worker, "shm_free_bytes", lambda: 64 << 20)
+    monkeypatch.setattr(worker, "shared_bytes", lambda bundle: 168 << 20)  # tiny.en's
+    with caplog.at_level("WARNING"):
+        engine = Engine(bundle(), EngineConfig(worker_process=True))
+    assert isinstance(engine.runner, ModelRunner) and engine.healthy
+    assert "do not fit in /dev/shm" in caplog.text
