@@ -2,8 +2,10 @@
 
 Handlers never touch the engine: they queue commands here. Commands, scheduling and output
 updates run on the event loop; only `Engine.execute` (the model) runs in a worker thread,
-on a snapshot of the scheduled requests, so the event loop keeps serving sockets and
-applying commands while the model computes. Outputs go to the sink each session registered.
+on a snapshot of the scheduled requests (with `EngineConfig.worker_process`, the server's
+default, that thread only waits for the model's worker process), so the event loop keeps
+serving sockets and applying commands while the model computes. Outputs go to the sink
+each session registered.
 
 The loop also knows each session's backlog: audio received but not yet looked at by the
 model. Sessions use it to warn clients that push faster than the engine keeps up, and to
