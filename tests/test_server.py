@@ -4,8 +4,15 @@ import asyncio
 import base64
 import json
 import math
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +34,8 @@ from tests.server_client import (
     wait_until,
 )
 from tests.test_transcribe import GOLDEN
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def clip(name: str) -> tuple[torch.Tensor, str]:
@@ -348,6 +357,38 @@ async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_h
         assert "WorkerError" in messages[-1]["message"] and ws.close_code == 1011
         status, _, body = await http_get(server, "/healthz")
         assert status == 503 and json.loads(body)["status"] == "model worker exited"
+
+
+def test_voxtide_serve_runs_the_model_in_a_worker_and_stops_cleanly_on_ctrl_c(tmp_path):
+    """The main command: `voxtide serve` starts its model worker, answers /healthz, and on
+    Ctrl-C (SIGINT to the process group, as a terminal sends it) exits 0 with its worker."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port),
+                               "--data-dir", str(tmp_path)], cwd=ROOT, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        health = None
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                    health = json.loads(r.read())
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert health is not None and health["status"] == "ok", server.poll()
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        workers = [c for c in children if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+        assert len(workers) == 1
+        os.killpg(server.pid, signal.SIGINT)
+        output, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+    assert server.returncode == 0 and "Traceback" not in output, output
+    assert not Path(f"/proc/{workers[0]}").exists() or \
+        Path(f"/proc/{workers[0]}/stat").read_text().split()[2] == "Z"  # exited (or not yet reaped)
 
 
 async def test_realtime_clear_drops_the_uncommitted_audio(tmp_path):
