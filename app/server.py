@@ -18,6 +18,7 @@ import hmac
 import json
 import logging
 import mimetypes
+import signal
 from collections.abc import Awaitable
 from http import HTTPStatus
 from urllib.parse import parse_qsl, urlsplit
@@ -129,11 +130,21 @@ class Server:
         self.engine.close()
 
     async def serve_forever(self) -> None:
+        """Serve until cancelled (Ctrl-C) or sent SIGTERM (docker stop, systemd), then stop
+        cleanly: sessions closed, the model's worker process ended."""
         await self.start()
         log.info("voxtide listening on http://%s:%d", self.config.host, self.port)
+        loop = asyncio.get_running_loop()
+        terminated = asyncio.Event()
         try:
-            await asyncio.Future()
+            loop.add_signal_handler(signal.SIGTERM, terminated.set)
+        except (NotImplementedError, RuntimeError):  # no signals here (another OS or thread)
+            pass
+        try:
+            await terminated.wait()
+            log.info("SIGTERM: stopping")
         finally:
+            loop.remove_signal_handler(signal.SIGTERM)
             await self.stop()
 
     # ------------------------------------------------------------------ HTTP
