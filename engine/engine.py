@@ -305,7 +305,8 @@ class Engine:
         for window in scheduled.windows:
             request = requests[window.request_id]
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
-            pieces = window_pieces(request.mm_features, window.window_start, window.window_end)
+            items = request.mm_features[window.item_lo : window.item_hi]  # found by the scheduler
+            pieces = window_pieces(items, window.window_start, window.window_end)
             prompt = self.policies[window.request_id].prompt_tokens(in_window=not window.preview)
             draft = self._draft(request, window.window_start, window.preview)
             inp.windows.append(WindowInput(window, pieces, prompt, draft))

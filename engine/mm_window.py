@@ -29,12 +29,12 @@ def get_mm_features_in_window(features: list[MMFeature], start: int, end: int) -
     return lo, hi
 
 
-def window_pieces(features: list[MMFeature], start: int, end: int) -> list[tuple[str, int, int]]:
-    """The embeddings of positions [start, end): per overlapping item, in order,
-    (item hash, first embedding, end embedding) of the part inside the window."""
-    lo, hi = get_mm_features_in_window(features, start, end)
+def window_pieces(items: list[MMFeature], start: int, end: int) -> list[tuple[str, int, int]]:
+    """The embeddings of positions [start, end) in `items`, the items overlapping it (the
+    scheduler's `mm_features[item_lo:item_hi]`): per item, in order, (item hash, first
+    embedding, end embedding) of the part inside the window."""
     pieces = []
-    for feature in features[lo:hi]:
+    for feature in items:
         pos = feature.mm_position
         first, last = pos.get_embeds_indices_in_range(start - pos.offset, end - pos.offset)
         pieces.append((feature.identifier, first, last))

@@ -61,7 +61,8 @@ def schedule_gather_seconds(engine: Engine, num_items: int, steps: int = 300) ->
             runner.encoder_cache[request.mm_features[idx].identifier] = embed
         num_windows += len(out.windows)
         for window in out.windows:
-            pieces = window_pieces(request.mm_features, window.window_start, window.window_end)
+            items = request.mm_features[window.item_lo : window.item_hi]
+            pieces = window_pieces(items, window.window_start, window.window_end)
             runner.gather(WindowInput(window, pieces))
             # keep the window length steady: commit as far as the new audio
             scheduler.advance_window(
