@@ -138,13 +138,15 @@ class Server:
         terminated = asyncio.Event()
         try:
             loop.add_signal_handler(signal.SIGTERM, terminated.set)
+            handled = True
         except (NotImplementedError, RuntimeError):  # no signals here (another OS or thread)
-            pass
+            handled = False
         try:
             await terminated.wait()
             log.info("SIGTERM: stopping")
         finally:
-            loop.remove_signal_handler(signal.SIGTERM)
+            if handled:  # (removing one never added raises where there are no signals)
+                loop.remove_signal_handler(signal.SIGTERM)
             await self.stop()
 
     # ------------------------------------------------------------------ HTTP
