@@ -1,4 +1,4 @@
-"""The `voxtide` command: serve, transcribe, replay, bench."""
+"""The `voxtide` command: serve, transcribe, replay."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import time
 
 import torch
 
-from engine.engine import EngineConfig
-from engine.scheduler import SchedulerConfig
+from app.config import ENV_PREFIX, ServerConfig, load_settings
+from engine.config import EngineConfig
+
+SERVE_FLAGS = ("host", "port", "api_key", "max_sessions", "idle_timeout_s", "data_dir")
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -53,27 +55,28 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     return status
 
 
+def serve_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[ServerConfig, EngineConfig]:
+    """The server's and the engine's settings: the flags given, over VOXTIDE_<NAME>
+    variables, over the --config file, over the defaults. The model runs in a worker process
+    unless a setting says worker_process = false."""
+    settings = load_settings(args.config, environ, {"server": ServerConfig, "engine": EngineConfig})
+    flags = {name: getattr(args, name) for name in SERVE_FLAGS if getattr(args, name) is not None}
+    server = ServerConfig(**{**settings["server"], **flags})
+    engine = EngineConfig(**{"worker_process": True, **settings["engine"]})
+    return server, engine
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
     import os
 
-    from app.config import ServerConfig
     from app.server import Server
     from engine.engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per request
-    config = ServerConfig(host=args.host, port=args.port,
-                          api_key=args.api_key or os.environ.get("VOXTIDE_API_KEY") or None,
-                          max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes,
-                          idle_timeout_s=args.idle_timeout, data_dir=args.data_dir, fsync=args.fsync,
-                          max_lag_s=args.max_lag, max_backlog_s=args.max_backlog,
-                          resume_grace_s=args.resume_grace)
-    engine_config = EngineConfig(scheduler=SchedulerConfig(max_partials=args.max_partials),
-                                 pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
-                                 preview_pad_seconds=args.preview_pad_seconds or None,
-                                 max_finals=args.max_finals, worker_process=args.worker == "process")
+    config, engine_config = serve_configs(args, dict(os.environ))
     server = Server(Engine(_load(args), engine_config), config)
     try:
         asyncio.run(server.serve_forever())
@@ -104,38 +107,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="voxtide", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="run the websocket server (/v1/listen, /v1/realtime)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--api-key", default=None, help="require this key (or set VOXTIDE_API_KEY)")
-    p.add_argument("--max-sessions", type=int, default=16)
-    p.add_argument("--max-message-bytes", type=int, default=1 << 20)
-    p.add_argument("--idle-timeout", type=float, default=60.0, help="seconds without a message")
-    p.add_argument("--data-dir", default="voxtide-data", help="per-session JSONL transcripts")
-    p.add_argument("--fsync", action="store_true", help="fsync each transcript line")
-    p.add_argument("--max-lag", type=float, default=15.0,
-                   help="seconds of backlog that earn a rate_limited warning (and refuse new "
-                        "sessions while most sessions are over it)")
-    p.add_argument("--max-backlog", type=float, default=120.0,
-                   help="stop reading a session's socket while it is this many seconds behind")
-    p.add_argument("--resume-grace", type=float, default=30.0,
-                   help="seconds a dropped /v1/listen session waits for a resume (0: none)")
-    p.add_argument("--pad-seconds", type=int, default=None,
-                   help="pad encoder windows to a multiple of this (faster, slightly higher WER; "
-                        "default: 30 s windows)")
-    p.add_argument("--endpoint-ms", type=int, default=250,
-                   help="a pause this long after speech commits the utterance at once (0: off)")
-    p.add_argument("--preview-pad-seconds", type=int, default=EngineConfig.preview_pad_seconds,
-                   help="partials that cannot commit yet decode only the audio since the last "
-                        "final, padded to a multiple of this (0: the whole window, as finals)")
-    p.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials,
-                   help="partial (tentative) windows decoded per step (none in a step with finals)")
-    p.add_argument("--max-finals", type=int, default=None,
-                   help="final windows decoded per step (default: 2 on the CPU, where a batch "
-                        "of windows costs the sum of their encoder passes; 16 on a GPU)")
-    p.add_argument("--worker", choices=("process", "thread"), default="process",
-                   help="run the model in a worker process (default), or in a thread of the "
-                        "server's process, where it shares the interpreter lock")
+    p = sub.add_parser(
+        "serve", help="run the server (/v1/listen, /v1/realtime, the web page)",
+        description="Run the server. Expert tuning (engine and limits) comes from --config "
+                    f"FILE or {ENV_PREFIX}<NAME> variables: see docs/architecture.md (Tuning).")
+    p.add_argument("--host", default=None, help=f"address to listen on (default: {ServerConfig.host})")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"port; 0 picks a free one (default: {ServerConfig.port})")
+    p.add_argument("--api-key", default=None,
+                   help=f"require this key from clients (default: none; or {ENV_PREFIX}API_KEY)")
+    p.add_argument("--max-sessions", type=int, default=None,
+                   help=f"concurrent sessions; more are refused (default: {ServerConfig.max_sessions})")
+    p.add_argument("--idle-timeout", dest="idle_timeout_s", type=float, default=None,
+                   help=f"seconds without a client message that end a session "
+                        f"(default: {ServerConfig.idle_timeout_s:g})")
+    p.add_argument("--data-dir", default=None,
+                   help=f"folder of the per-session JSONL transcripts (default: {ServerConfig.data_dir})")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="TOML file of expert settings: tables [server] and [engine]")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -1,11 +1,16 @@
-"""Server settings, with the defaults `voxtide serve` uses."""
+"""Server settings, with the defaults `voxtide serve` uses, and the loader of settings from a
+TOML file and the environment (for ServerConfig and the engine's EngineConfig alike)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, get_args, get_type_hints
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+ENV_PREFIX = "VOXTIDE_"  # VOXTIDE_<FIELD NAME>, e.g. VOXTIDE_ENDPOINT_MS=300
 
 
 @dataclass
@@ -38,3 +43,64 @@ class ServerConfig:
             raise ValueError(f"resume_grace_s must be >= 0, got {self.resume_grace_s}")
         self.data_dir = Path(self.data_dir)
         self.web_dir = Path(self.web_dir)
+
+
+def _coerce(name: str, hint: Any, value: Any) -> Any:
+    """A setting from a TOML file or the environment, as the field's type."""
+    args = get_args(hint)
+    optional = type(None) in args
+    base = next((t for t in args if t is not type(None)), hint) if args else hint
+    if isinstance(value, str) and base is not str:
+        text = value.strip().lower()
+        if optional and text in ("", "none", "off"):
+            return None
+        if base is bool:
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+        else:
+            try:
+                return base(value.strip())
+            except ValueError:
+                pass
+        raise ValueError(f"setting {name} must be {getattr(base, '__name__', base)}, got {value!r}")
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        raise ValueError(f"setting {name} must be {getattr(base, '__name__', base)}, got {value!r}")
+    return value
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def load_settings(path: str | Path | None, environ: Mapping[str, str],
+                  classes: dict[str, type]) -> dict[str, dict[str, Any]]:
+    """Settings for each dataclass in `classes` (TOML table name -> class), from a TOML file
+    (one table per class) and then VOXTIDE_<FIELD> environment variables, which win.
+    -> table name -> {field: value}. Unknown tables or fields in the file are errors."""
+    out: dict[str, dict[str, Any]] = {table: {} for table in classes}
+    known = {table: _fields(cls) for table, cls in classes.items()}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ValueError(f"cannot read the config file {path}: {e}") from e
+        for table, values in data.items():
+            if table not in classes or not isinstance(values, dict):
+                raise ValueError(f"{path}: unknown table [{table}]; the tables are "
+                                 + ", ".join(f"[{t}]" for t in classes))
+            for name, value in values.items():
+                if name not in known[table]:
+                    raise ValueError(f"{path}: unknown setting {name!r} in [{table}]; see "
+                                     f"docs/architecture.md (Tuning) for the settings")
+                out[table][name] = _coerce(name, known[table][name], value)
+    for table, hints in known.items():
+        for name, hint in hints.items():
+            value = environ.get(ENV_PREFIX + name.upper())
+            if value is not None:
+                out[table][name] = _coerce(ENV_PREFIX + name.upper(), hint, value)
+    return out

@@ -18,14 +18,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from app.metrics import Metrics
-from audio.io import SAMPLE_RATE
 from engine.engine import Engine, EngineOutput, StepInput
 from engine.model_runner import RunnerOutput
-from engine.request import SAMPLES_PER_POSITION
+from engine.timeline import samples_to_seconds
 
 log = logging.getLogger(__name__)
 
@@ -33,28 +33,35 @@ Sink = Callable[[EngineOutput], None]
 IDLE_POLL_S = 0.05  # a ready request the scheduler could not place is retried this often
 
 
+@dataclass
+class Route:
+    """Where a session's outputs go, and how much audio it has sent the engine."""
+
+    sink: Sink
+    num_received: int = 0  # 16 kHz samples queued for the engine
+
+
 class EngineLoop:
     def __init__(self, engine: Engine, metrics: Metrics):
         self.engine = engine
         self.metrics = metrics
-        self.sinks: dict[str, Sink] = {}
+        self.routes: dict[str, Route] = {}  # request id -> its route, while the session is open
         self.commands: list[tuple[str, str, np.ndarray | None]] = []  # (op, request id, audio)
         self.wakeup = asyncio.Event()
         self.stepped = asyncio.Condition()  # notified after every step
-        self.received: dict[str, int] = {}  # request id -> 16 kHz samples received
         self.task: asyncio.Task | None = None
 
     # -------------------------------------------------------- called by session handlers
 
     def open(self, request_id: str, sink: Sink) -> None:
-        self.sinks[request_id] = sink
-        self.received[request_id] = 0
+        self.routes[request_id] = Route(sink)
         self._queue("open", request_id)
 
     def add_audio(self, request_id: str, samples: np.ndarray) -> None:
         """(n,) float32 16 kHz samples."""
-        if samples.size:
-            self.received[request_id] = self.received.get(request_id, 0) + samples.size
+        route = self.routes.get(request_id)
+        if samples.size and route is not None:
+            route.num_received += samples.size
             self._queue("audio", request_id, samples)
 
     def flush(self, request_id: str) -> None:
@@ -64,21 +71,19 @@ class EngineLoop:
         self._queue("finish", request_id)
 
     def abort(self, request_id: str) -> None:
-        self.sinks.pop(request_id, None)
-        self.received.pop(request_id, None)
+        self.routes.pop(request_id, None)
         self._queue("abort", request_id)
 
     def backlog_s(self, request_id: str) -> float:
         """Seconds of a session's audio received but not yet decoded (0 once it ended)."""
-        received = self.received.get(request_id)
-        request = self.engine.scheduler.requests.get(request_id)
-        if received is None or request is None:
+        route = self.routes.get(request_id)
+        decoded = self.engine.decoded_samples(request_id)
+        if route is None or decoded is None:
             return 0.0
-        decoded = request.num_decoded_positions * SAMPLES_PER_POSITION
-        return max(0, received - decoded) / SAMPLE_RATE
+        return samples_to_seconds(max(0, route.num_received - decoded))
 
     def max_backlog_s(self) -> float:
-        return max((self.backlog_s(rid) for rid in self.received), default=0.0)
+        return max((self.backlog_s(rid) for rid in self.routes), default=0.0)
 
     async def wait_backlog_below(self, request_id: str, seconds: float) -> None:
         """Return once the session's backlog is under `seconds` (or the session ended)."""
@@ -186,13 +191,12 @@ class EngineLoop:
         return {request_id for _, request_id, _ in commands}
 
     def _route(self, output: EngineOutput) -> None:
-        sink = self.sinks.get(output.request_id)
+        route = self.routes.get(output.request_id)
         if output.finished:
-            self.sinks.pop(output.request_id, None)
-            self.received.pop(output.request_id, None)
-        if sink is None:
+            self.routes.pop(output.request_id, None)
+        if route is None:
             return
         try:
-            sink(output)
+            route.sink(output)
         except Exception:  # a broken sink must not stop the loop
             log.exception("delivering output of %s failed", output.request_id)

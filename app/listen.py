@@ -37,7 +37,8 @@ from websockets.asyncio.server import ServerConnection
 from app.session import ServerContext, Session, query_rate, text_of, words_json
 from audio.io import AudioError, pcm_to_float
 from engine.engine import EngineOutput
-from engine.policy import Word
+from engine.timeline import samples_to_ms
+from engine.words import Word
 
 ENCODINGS = {"linear16": "pcm16", "pcm16": "pcm16", "float32": "float32"}
 REPLAY_FINALS = 1000  # finals kept for a resume to re-send
@@ -94,7 +95,7 @@ class ListenSession(Session):
                                   "kept for a resume; they are in the server's transcript store")
         await self.send({**self._connected(), "resumed": True, "last_seq": self.seq,
                          "audio_received_samples": self.num_received,
-                         "audio_received_ms": self.num_received * 1000 // self.resampler.rate})
+                         "audio_received_ms": samples_to_ms(self.num_received, self.resampler.rate)})
         for final in missed:
             await self.send(final)
         if self.partial:

@@ -30,7 +30,7 @@ from audio.io import AudioError, check_stream_rate, pcm_to_float
 from audio.stream import StreamResampler
 from audio.vad import EnergyVad, VadEvent
 from engine.engine import EngineOutput
-from engine.policy import Word
+from engine.words import Word
 
 OPENAI_RATE = 24000
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio

@@ -85,15 +85,15 @@ class Server:
                 "The largest backlog: audio received but not yet decoded", self.loop.max_backlog_s)
         m.gauge("voxtide_sessions_awaiting_resume", "Dropped sessions waiting for a resume",
                 lambda: sum(not s.connected and not s.finishing for s in self.ctx.resumable.values()))
-        cache, processor = engine.scheduler.encoder_cache, engine.processor_cache
+        cache = engine.scheduler.encoder_cache
         m.gauge("voxtide_encoder_cache_queries", "Encoder cache lookups", lambda: cache.num_queries)
         m.gauge("voxtide_encoder_cache_hits", "Encoder cache lookups that hit", lambda: cache.num_hits)
         m.gauge("voxtide_encoder_cache_entries", "Item hashes in the encoder cache",
                 lambda: len(cache.cached))
         m.gauge("voxtide_processor_cache_queries", "Processor cache lookups",
-                lambda: processor.num_queries)
+                lambda: engine.processor_counts[0])
         m.gauge("voxtide_processor_cache_hits", "Processor cache lookups that hit",
-                lambda: processor.num_hits)
+                lambda: engine.processor_counts[1])
 
     def _lag(self, session: Session) -> float:
         return max(0, session.fed_ms - self.engine.committed_ms(session.id)) / 1000

@@ -32,10 +32,11 @@ from app.config import ServerConfig
 from app.engine_loop import EngineLoop
 from app.metrics import Metrics
 from app.store import TranscriptStore
-from audio.io import SAMPLE_RATE, check_stream_rate
+from audio.io import check_stream_rate
 from audio.stream import StreamResampler
 from engine.engine import EngineOutput
-from engine.policy import Word
+from engine.timeline import samples_to_ms
+from engine.words import Word
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ class Session:
 
     @property
     def fed_ms(self) -> int:
-        return self.num_fed * 1000 // SAMPLE_RATE
+        return samples_to_ms(self.num_fed)
 
     async def send(self, event: dict[str, Any]) -> None:
         if not self.connected:

@@ -14,25 +14,23 @@ it needs, and it pickles, so the runner can live in a worker process (engine/wor
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingCancelled, DecodingOptions, DecodingResult, decode_batch
-from engine.model.transcribe import TEMPERATURES, decode_with_fallback, split_segments
-from engine.policy import Word
+from engine.model.transcribe import TEMPERATURES, decode_with_fallback
 from engine.processor_cache import ProcessorCache
-from engine.request import POSITIONS_PER_SECOND
-from engine.scheduler import MAX_WINDOW_POSITIONS, ScheduledWindow
+from engine.scheduler import ScheduledWindow
+from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND, positions_to_seconds, seconds_to_ms
+from engine.words import Word, window_words
 
 log = logging.getLogger(__name__)
-
-COMMIT_POSITIONS = MAX_WINDOW_POSITIONS - POSITIONS_PER_SECOND  # a window this long is committed whole
 
 
 @dataclass
@@ -80,14 +78,14 @@ class RunnerOutput:
     num_encoded_items: int = 0  # unique items computed in that call
     num_windows: int = 0  # windows in the batched transformer calls (one per padded length)
     num_fallbacks: int = 0  # windows re-decoded at higher temperatures
-    # the runner's processor cache (queries, hits) so far; set by a worker process, whose
-    # cache the engine cannot see
-    processor_counts: tuple[int, int] | None = None
+    processor_counts: tuple[int, int] = (0, 0)  # the runner's processor cache: (queries, hits)
 
 
 class ModelRunner:
     def __init__(self, bundle: ModelBundle, processor_cache: ProcessorCache | None = None,
                  pad_seconds: int | None = None, preview_pad_seconds: int | None = None):
+        """`processor_cache`: the runner's own, where features processed elsewhere are
+        injected (`inject`); None: a new one of the default size."""
         self.bundle = bundle
         self.pad_seconds = pad_seconds  # None: every window padded to 30 s (Whisper's input)
         self.preview_pad_seconds = preview_pad_seconds  # the same for preview windows
@@ -96,29 +94,37 @@ class ModelRunner:
         self.dtype = self.model.dtype
         self.processor_cache = processor_cache or ProcessorCache()
         self.encoder_cache: dict[str, torch.Tensor] = {}  # hash -> (positions, n_state)
-        self.fail_request_ids: set[str] = set()  # fault injection for tests
+        self.stop_event = threading.Event()  # set to give up the step of partials in flight
         with torch.inference_mode():
             n_mels = self.model.dims.n_mels
             silence = torch.full((1, n_mels, 11), (STREAM_LOG_FLOOR + 4.0) / 4.0)
             self.pad = self._stem(silence)[0, 0]  # (n_state,) stem output of padding
 
+    @property
+    def alive(self) -> bool:
+        return True  # (a RunnerProcess's worker can exit)
+
+    def close(self) -> None:
+        """Nothing to stop in this process (a RunnerProcess stops its worker)."""
+
     def padded_length(self, num_positions: int, preview: bool = False) -> int:
         """Encoder length for a batch whose longest window has `num_positions`: 30 s, or with
         `pad_seconds` (for previews `preview_pad_seconds`) set, the window rounded up to a
-        multiple of it (faster, see README)."""
+        multiple of it (faster, see docs/performance.md)."""
         seconds = self.preview_pad_seconds if preview else self.pad_seconds
         if seconds is None:
             return MAX_WINDOW_POSITIONS
-        unit = seconds * POSITIONS_PER_SECOND
+        unit = seconds * POSITIONS_PER_SECOND  # seconds are whole
         return min(MAX_WINDOW_POSITIONS, max(unit, -(-num_positions // unit) * unit))
 
     def _stem(self, mel: torch.Tensor) -> torch.Tensor:
-        """(N, n_mels, 8m + 3) item mel with context -> (N, 4m, n_state), no padding."""
-        enc = self.model.encoder
-        x = mel.to(self.device, self.dtype)
-        x = F.gelu(F.conv1d(x, enc.conv1.weight, enc.conv1.bias))
-        x = F.gelu(F.conv1d(x, enc.conv2.weight, enc.conv2.bias, stride=2))
-        return x.permute(0, 2, 1)
+        """(N, n_mels, 8m + 3) item mel with context -> (N, 4m, n_state)."""
+        return self.model.encoder.stem(mel.to(self.device, self.dtype), padding=0)
+
+    def inject(self, hashes: list[str], features: list[torch.Tensor]) -> None:
+        """Add item features processed elsewhere (log-mel with context, as item_log_mel
+        gives), so that the items of those content hashes skip their processing."""
+        self.processor_cache.inject(hashes, features)
 
     @torch.inference_mode()
     def encode_items(self, inp: ModelInput) -> tuple[int, int]:
@@ -159,8 +165,10 @@ class ModelRunner:
         `cancelled`, with the tokens decoded so far. The new items are encoded all the same
         (the encoder cache counts on them)."""
         calls, items = self.encode_items(inp)
+        cache = self.processor_cache
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
-                              num_windows=len(inp.windows))
+                              num_windows=len(inp.windows),
+                              processor_counts=(cache.num_queries, cache.num_hits))
         if any(w.window.final for w in inp.windows):
             stop = None  # a step with finals runs to its end
         return self._run_windows(inp.windows, result, stop)
@@ -197,86 +205,59 @@ class ModelRunner:
         its own session. Given up (`stop`): the windows decoded by then keep their results,
         the others are `cancelled` with their tokens so far."""
         windows = [w.window for w in inputs]
-        rows = [b for b, w in enumerate(windows) if w.request_id not in self.fail_request_ids]
-        results: dict[int, WindowResult] = {
-            b: WindowResult(w.request_id, [], w.final, error="RuntimeError: injected failure")
-            for b, w in enumerate(windows) if w.request_id in self.fail_request_ids}
-        options = [self._options(inputs[b]) for b in rows]
+        options = [self._options(w) for w in inputs]
+        tokenizer, suppress = self.bundle.tokenizer, self.bundle.suppress
         try:
-            decoded = decode_batch(self.model, self.bundle.tokenizer, features[rows], options,
-                                   self.bundle.suppress, stop) if rows else []
-            for b, opts, d in zip(rows, options, decoded, strict=True):
-                if self._commits(windows[b]) and d.needs_fallback and not d.is_silence:
+            decoded = decode_batch(self.model, tokenizer, features, options, suppress, stop)
+        except DecodingCancelled as e:
+            return [self._window_result(window, d)
+                    if d is not None and not (window.commits_whole and d.needs_fallback)
+                    else WindowResult(window.request_id, [], False, window.preview, cancelled=True,
+                                      tokens=prefix)
+                    for window, d, prefix in zip(windows, e.results, e.prefixes, strict=True)]
+        except Exception:
+            log.exception("batched decoding failed; decoding the %d windows one by one", len(windows))
+            decoded = []
+            for b, (window, opts) in enumerate(zip(windows, options, strict=True)):
+                try:
+                    decoded.append(decode_batch(self.model, tokenizer, features[b : b + 1], [opts],
+                                                suppress)[0])
+                except Exception as e:  # one session's failure must not stop the others
+                    log.exception("decoding %s failed", window.request_id)
+                    decoded.append(e)
+        results = []
+        for b, (window, opts, d) in enumerate(zip(windows, options, decoded, strict=True)):
+            if isinstance(d, Exception):
+                results.append(_failed(window, d))
+                continue
+            try:
+                if window.commits_whole and d.needs_fallback and not d.is_silence:
                     # this decode is committed as is (no agreement check): as offline Whisper,
                     # re-decode a loop, a skip or a budget overrun at rising temperatures
                     d = decode_with_fallback(self.bundle, features[b : b + 1], opts.prompt,
                                              opts.audio_seconds, TEMPERATURES[1:])
-                results[b] = self._window_result(windows[b], d)
-        except DecodingCancelled as e:
-            for b, d, prefix in zip(rows, e.results, e.prefixes, strict=True):
-                window = windows[b]
-                if d is not None and not (self._commits(window) and d.needs_fallback):
-                    results[b] = self._window_result(window, d)
-                else:
-                    results[b] = WindowResult(window.request_id, [], False, window.preview,
-                                              cancelled=True, tokens=prefix)
-        except Exception:
-            log.exception("batched decoding failed; decoding the %d windows one by one", len(rows))
-            for b, opts in zip(rows, options, strict=True):
-                window = windows[b]
-                try:
-                    d = decode_batch(self.model, self.bundle.tokenizer, features[b : b + 1], [opts],
-                                     self.bundle.suppress)[0]
-                    results[b] = self._window_result(window, d)
-                except Exception as e:  # one session's failure must not stop the others
-                    log.exception("decoding %s failed", window.request_id)
-                    results[b] = WindowResult(window.request_id, [], window.final,
-                                              error=f"{type(e).__name__}: {e}")
-        return [results[b] for b in range(len(windows))]
-
-    @staticmethod
-    def _commits(window: ScheduledWindow) -> bool:
-        """Whether the engine commits this window's decode whole (final, or a full window)."""
-        return window.final or window.window_end - window.window_start >= COMMIT_POSITIONS
+                results.append(self._window_result(window, d))
+            except Exception as e:  # one session's failure must not stop the others
+                log.exception("decoding %s failed", window.request_id)
+                results.append(_failed(window, e))
+        return results
 
     @staticmethod
     def _options(w: WindowInput) -> DecodingOptions:
-        seconds = (w.window.window_end - w.window.window_start) / POSITIONS_PER_SECOND
+        seconds = positions_to_seconds(w.window.window_end - w.window.window_start)
         return DecodingOptions(prompt=w.prompt, audio_seconds=seconds, draft=w.draft)
 
     def _window_result(self, window: ScheduledWindow, decoded: DecodingResult) -> WindowResult:
         """Decoded tokens -> timed words in session time."""
-        tokenizer = self.bundle.tokenizer
         if decoded.is_silence or not decoded.tokens:
             return WindowResult(window.request_id, [], window.final, window.preview, silence=True)
-        seconds = (window.window_end - window.window_start) / POSITIONS_PER_SECOND
-        offset = window.window_start / POSITIONS_PER_SECOND
-        segments, consumed = split_segments(decoded.tokens, tokenizer.timestamp_begin, offset,
-                                            seconds, tokenizer)
-        words: list[Word] = []
-        limit = offset + seconds
-        for segment in segments:
-            words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
-                                   min(max(segment.end, segment.start), limit))
+        words, complete = window_words(self.bundle.tokenizer, decoded.tokens,
+                                       positions_to_seconds(window.window_start),
+                                       positions_to_seconds(window.window_end - window.window_start))
         return WindowResult(window.request_id, words, window.final, window.preview,
-                            complete_ms=round((offset + min(consumed, seconds)) * 1000),
-                            temperature=decoded.temperature, tokens=decoded.tokens)
+                            complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
+                            tokens=decoded.tokens)
 
 
-def segment_words(tokenizer, tokens: list[int], start: float, end: float) -> list[Word]:
-    """Split a segment's text tokens at leading spaces; spread its time by character count."""
-    groups: list[list[int]] = []
-    for t in tokens:
-        piece = tokenizer.id_to_token[t] if t < len(tokenizer.id_to_token) else ""
-        if not groups or piece.startswith("Ġ"):
-            groups.append([t])
-        else:
-            groups[-1].append(t)
-    texts = [tokenizer.decode(g) for g in groups]
-    total = sum(len(t.strip()) or 1 for t in texts)
-    words, t0 = [], start
-    for group, text in zip(groups, texts, strict=True):
-        t1 = t0 + (end - start) * (len(text.strip()) or 1) / total
-        words.append(Word(text, round(t0 * 1000), round(t1 * 1000), group))
-        t0 = t1
-    return words
+def _failed(window: ScheduledWindow, e: Exception) -> WindowResult:
+    return WindowResult(window.request_id, [], window.final, error=f"{type(e).__name__}: {e}")

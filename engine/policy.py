@@ -7,24 +7,13 @@ the latest hypothesis is the tentative tail. Torch-free.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from engine.words import Word
 
 OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hypothesis
 TIME_TOLERANCE_MS = 100
 TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found
-
-
-@dataclass
-class Word:
-    text: str  # with its leading space, as decoded
-    start_ms: int  # absolute session time
-    end_ms: int
-    tokens: list[int] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return re.sub(r"[^\w']", "", self.text.lower())
 
 
 @dataclass

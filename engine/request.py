@@ -1,7 +1,8 @@
-"""A streaming session: its audio items on the timeline and its transcription state.
+"""A session's timeline as the scheduler sees it: its audio items and where decoding stands.
 
-Torch-free. Positions are encoder positions (20 ms each, 50 per second); an audio item
-(default 80 ms) covers `POSITIONS_PER_ITEM` positions.
+Torch-free. Positions are encoder positions (engine/timeline.py); an audio item covers a
+fixed number of them (4 for 80 ms items). The session's stream (engine/stream.py) owns the
+request; the scheduler reads it and notes what it scheduled.
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-SAMPLE_RATE = 16000
-SAMPLES_PER_POSITION = 320  # 20 ms: one encoder position = two 10 ms mel frames
-POSITIONS_PER_SECOND = 50
-DEFAULT_ITEM_MS = 80  # one audio item = 1280 samples = 4 positions
+from engine.timeline import positions_to_samples
 
 
 @dataclass
@@ -89,9 +87,9 @@ class Request:
     num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed
     num_freed_items: int = 0  # items [0, n) were released from the encoder cache
     output_token_ids: list[int] = field(default_factory=list)  # -1: placeholder not filled yet
-    # window start -> (window end, tokens) of the last decode from there: the draft of the
-    # next decode of a window with that start (the window's and the preview's, at most two)
-    drafts: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
+    # the session's place in the scheduler's round-robin: renumbered when it is added and
+    # each time it is decoded, so the lowest number is the one waiting longest
+    queue_number: int = 0
     # while a final is due: its place in line among the finals of all sessions (the scheduler
     # numbers them in the order it first sees them due); None: no final waiting
     due_number: int | None = None
@@ -101,6 +99,11 @@ class Request:
     def num_positions(self) -> int:
         """Positions covered by items on the timeline."""
         return self.mm_features[-1].mm_position.end if self.mm_features else 0
+
+    @property
+    def num_decoded_samples(self) -> int:
+        """16 kHz samples up to the end of the last window decoded."""
+        return positions_to_samples(self.num_decoded_positions)
 
     @property
     def num_items(self) -> int:

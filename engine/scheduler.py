@@ -3,19 +3,20 @@
 Torch-free. For each session the window is [window_start, window_end) in encoder positions,
 window_start being the last committed boundary; the items in it are found with bisect, and
 the items that are new since the last step are found from a per-request pointer, so no step
-scans all the items of a session.
+scans all the items of a session. The scheduler keeps no session of its own: each step it
+reads the engine's requests, and it notes on a request what it scheduled.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from engine.commit import commits_whole
 from engine.encoder_cache import EncoderCacheManager
 from engine.mm_window import get_mm_features_in_window
-from engine.request import POSITIONS_PER_SECOND, Request
-
-MAX_WINDOW_POSITIONS = 1500  # 30 s: Whisper's window
+from engine.request import Request
+from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND
 
 
 @dataclass
@@ -37,7 +38,7 @@ class SchedulerConfig:
     finals_alone: bool = True
     # final windows per step (None: up to max_num_seqs). On the CPU a batch of windows costs
     # the sum of their encoder passes, so the first final of a batch waits for the last;
-    # the engine sets 2 there (EngineConfig.max_finals)
+    # the engine sets 2 there (EngineConfig.scheduler_config)
     max_finals: int | None = None
 
 
@@ -52,6 +53,7 @@ class ScheduledWindow:
     preview: bool = False  # a partial over only the audio since the last final: shown, never committed
     speech: bool = True  # False: no item in the window was speech (for a final: none since the
     # last final); it is not decoded (Whisper makes " you" of a breath), and commits nothing new
+    commits_whole: bool = False  # its decode is committed with no agreement check (engine/commit.py)
 
 
 @dataclass
@@ -66,27 +68,21 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, config: SchedulerConfig | None = None):
         self.config = config or SchedulerConfig()
-        self.requests: dict[str, Request] = {}
-        self.queue: deque[str] = deque()  # round-robin order
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_size)
         self.finished_ids: list[str] = []
         self.num_due = 0  # finals numbered so far (Request.due_number)
+        self.num_queued = 0  # round-robin numbers given so far (Request.queue_number)
 
     def add_request(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            raise ValueError(f"request {request.request_id!r} already exists")
-        self.requests[request.request_id] = request
-        self.queue.append(request.request_id)
+        """A new session goes to the back of the round-robin."""
+        self.num_queued += 1
+        request.queue_number = self.num_queued
 
-    def finish_request(self, request_id: str) -> None:
-        """Forget a request (finished, aborted or failed) and release its cache entries."""
-        request = self.requests.pop(request_id, None)
-        if request is None:
-            return
-        self.queue.remove(request_id)
-        self.encoder_cache.free(request_id)
+    def finish_request(self, request: Request) -> None:
+        """A request ended (finished, aborted or failed): release its cache entries."""
+        self.encoder_cache.free(request.request_id)
         request.num_freed_items = request.num_encoded_items
-        self.finished_ids.append(request_id)
+        self.finished_ids.append(request.request_id)
 
     def is_ready(self, request: Request) -> bool:
         if request.output_token_ids and request.output_token_ids[-1] == -1:
@@ -110,33 +106,32 @@ class Scheduler:
             request.due_number = self.num_due
 
     @staticmethod
-    def _final_order(request: Request) -> tuple[bool, int]:
-        """Sort key: finals first, in the order they fell due; partials keep queue order."""
-        return request.due_number is None, request.due_number or 0
+    def _order(request: Request) -> tuple[bool, int, int]:
+        """Sort key: finals first, in the order they fell due; partials round-robin. (Finals
+        in round-robin order would let a session just decoded wait behind finals that fell
+        due after its own, for seconds.)"""
+        return request.due_number is None, request.due_number or 0, request.queue_number
 
     @staticmethod
     def final_due(request: Request) -> bool:
         """Input finished, a flush asked for, or a pause ended the speech in the window."""
         return request.input_finished or request.flush_position > 0 or bool(request.endpoints)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, requests: Iterable[Request]) -> SchedulerOutput:
+        """Pick this step's windows among `requests` (the engine's sessions): final windows
+        first (they are what a client waits for), oldest first, then partials round-robin."""
         windows: list[ScheduledWindow] = []
         encoder_inputs: dict[str, list[int]] = {}
         budget = self.config.encoder_budget
-        num_positions = 0
-        cache = self.encoder_cache
-        # final windows first (they are what a client waits for), oldest first, then the
-        # partials round-robin. Finals in round-robin order let a session just decoded (at the
-        # back of the queue) wait behind finals that fell due after its own, for seconds.
-        for request_id in self.queue:
-            self.note_final_due(self.requests[request_id])
-        order = sorted(self.queue, key=lambda rid: self._final_order(self.requests[rid]))
-        num_partials = num_finals = 0
+        num_positions = num_partials = num_finals = 0
+        order = sorted(requests, key=lambda r: r.queue_number)
+        for request in order:
+            self.note_final_due(request)  # in queue order
+        order.sort(key=self._order)
         max_finals = self.config.max_finals or self.config.max_num_seqs
-        for request_id in order:
+        for request in order:
             if len(windows) >= self.config.max_num_seqs:
                 break
-            request = self.requests[request_id]
             if not self.is_ready(request):
                 continue
             partial = not self.final_due(request)
@@ -145,75 +140,78 @@ class Scheduler:
                 break  # finals come first in `order`: only partials are left
             if not partial and num_finals >= max_finals:
                 continue  # the next step's (its final stays due, and first in order)
-            start = request.window_start
-            end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
-            endpoint = request.endpoints[0] if request.endpoints else 0
-            if start < endpoint < end:
-                end = endpoint  # the window ends at the pause (audio past it waits, a backlog)
-            preview = partial and start <= request.preview_start and (
-                end - request.preview_start < self.config.preview_positions)
-            if preview:
-                start = request.preview_start
-            lo, hi = get_mm_features_in_window(request.mm_features, start, end)
-            new = range(max(request.num_encoded_items, lo), hi)
-            features = request.mm_features
-            num_new = sum(features[i].mm_position.length for i in new)
-            if num_new > budget:
-                continue  # too much for this step's budget; later
-            misses = []
-            for i in new:
-                if not cache.check_and_update_cache(request_id, features[i].identifier):
-                    misses.append(i)
-            missed = set(misses)
-            # allocate in one go; on failure undo this request's hits and wait
-            need = sum(features[i].mm_position.length for i in misses)
-            if not cache.can_allocate(need):
-                for i in new:
-                    if i not in missed:
-                        cache.free_encoder_input(request_id, features[i].identifier)
-                continue
-            allocated: set[str] = set()
-            for i in misses:
-                mm_hash = features[i].identifier
-                if mm_hash in allocated:  # duplicate content inside this batch of items
-                    cache.check_and_update_cache(request_id, mm_hash)
-                else:
-                    cache.allocate(request_id, mm_hash, features[i].mm_position.length)
-                    allocated.add(mm_hash)
+            window = self._window(request, partial)
+            new = range(max(request.num_encoded_items, window.item_lo), window.item_hi)
+            num_new = sum(request.mm_features[i].mm_position.length for i in new)
+            if num_new > budget or not self._allocate(request, new):
+                continue  # no room in this step's budget or the cache; later
             budget -= num_new
             num_positions += num_new
-            request.num_encoded_items = hi
-            encoder_inputs[request_id] = list(new)
-            # final: the window reaches the end of the input, the flush position or a pause
-            # after speech: commit everything. Behind a backlog of over 30 s, they wait.
-            final = (request.input_finished and end == request.num_positions) or (
-                0 < request.flush_position <= end) or endpoint == end
-            # the words before preview_start are committed: a final with no speech after it
-            # has nothing to add (the finish after a pause re-decoded the whole utterance)
-            heard = max(start, request.preview_start) if final else start
-            speech = request.last_speech_end > heard or not self.config.decode_only_speech
-            windows.append(ScheduledWindow(request_id, start, end, lo, hi, final, preview, speech))
+            encoder_inputs[request.request_id] = list(new)
+            request.num_encoded_items = window.item_hi
+            windows.append(window)
             num_partials += partial
             num_finals += not partial
             if not partial:
                 request.due_number = None  # a next final (a pause behind this one) queues anew
-            request.num_decoded_positions = end
-        # the sessions decoded now go to the back of the queue: sessions share steps fairly
-        for window in windows:
-            self.queue.remove(window.request_id)
-            self.queue.append(window.request_id)
+            request.num_decoded_positions = window.window_end
+            self.num_queued += 1  # decoded now: to the back of the round-robin
+            request.queue_number = self.num_queued
         finished, self.finished_ids = self.finished_ids, []
         return SchedulerOutput(windows, encoder_inputs, num_positions,
-                               cache.get_freed_mm_hashes(), finished)
+                               self.encoder_cache.get_freed_mm_hashes(), finished)
 
-    def advance_window(self, request: Request, new_start: int) -> None:
-        """Move the window start to a committed boundary and free the items behind it."""
-        assert new_start >= request.window_start
-        request.window_start = new_start
-        while request.endpoints and request.endpoints[0] <= new_start:
-            request.endpoints.popleft()  # pauses the window has passed
+    def _window(self, request: Request, partial: bool) -> ScheduledWindow:
+        """The window a request decodes now, from its committed boundary (or, for a preview,
+        from the last final's end) to its audio's end, a pause or 30 s."""
+        start = request.window_start
+        end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
+        endpoint = request.endpoints[0] if request.endpoints else 0
+        if start < endpoint < end:
+            end = endpoint  # the window ends at the pause (audio past it waits, a backlog)
+        preview = partial and start <= request.preview_start and (
+            end - request.preview_start < self.config.preview_positions)
+        if preview:
+            start = request.preview_start
+        lo, hi = get_mm_features_in_window(request.mm_features, start, end)
+        # final: the window reaches the end of the input, the flush position or a pause
+        # after speech: commit everything. Behind a backlog of over 30 s, they wait.
+        final = (request.input_finished and end == request.num_positions) or (
+            0 < request.flush_position <= end) or endpoint == end
+        # the words before preview_start are committed: a final with no speech after it
+        # has nothing to add (the finish after a pause re-decoded the whole utterance)
+        heard = max(start, request.preview_start) if final else start
+        speech = request.last_speech_end > heard or not self.config.decode_only_speech
+        return ScheduledWindow(request.request_id, start, end, lo, hi, final, preview, speech,
+                               commits_whole(start, end, final, self.config.decode_interval))
+
+    def _allocate(self, request: Request, new: range) -> bool:
+        """Encoder-cache entries for the items `new`; False (and nothing taken) when the
+        cache has no room for them."""
+        request_id, features, cache = request.request_id, request.mm_features, self.encoder_cache
+        misses = [i for i in new if not cache.check_and_update_cache(request_id, features[i].identifier)]
+        # allocate in one go; on failure undo this request's hits and wait
+        need = sum(features[i].mm_position.length for i in misses)
+        if not cache.can_allocate(need):
+            missed = set(misses)
+            for i in new:
+                if i not in missed:
+                    cache.free_encoder_input(request_id, features[i].identifier)
+            return False
+        allocated: set[str] = set()
+        for i in misses:
+            mm_hash = features[i].identifier
+            if mm_hash in allocated:  # duplicate content inside this batch of items
+                cache.check_and_update_cache(request_id, mm_hash)
+            else:
+                cache.allocate(request_id, mm_hash, features[i].mm_position.length)
+                allocated.add(mm_hash)
+        return True
+
+    def free_behind_window(self, request: Request) -> None:
+        """Release the cache entries (and host PCM) of the items behind the window start."""
         features = request.mm_features
-        lo, _ = get_mm_features_in_window(features, new_start, new_start + 1)
+        lo, _ = get_mm_features_in_window(features, request.window_start, request.window_start + 1)
         lo = min(lo, request.num_encoded_items)
         for i in range(request.num_freed_items, lo):
             self.encoder_cache.free_encoder_input(request.request_id, features[i].identifier)

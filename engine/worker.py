@@ -3,7 +3,7 @@
 In a thread, the model runner shares one interpreter lock with the server's event loop and
 the engine's Python. A decode is hundreds of small torch calls, each giving the lock up and
 taking it back, and each time it may wait for the event loop: with 8 sessions on 2 CPU
-cores, the same steps took 40-60% longer in the server than alone (README). In a process of
+cores, the same steps took 40-60% longer in the server than alone (docs/performance.md). In a process of
 its own the runner has an interpreter to itself.
 
 `RunnerProcess` has the runner's `execute(ModelInput, stop)`. The worker gets each step's
@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -69,12 +70,11 @@ def can_share(bundle: ModelBundle) -> bool:
 
 def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: int | None,
            preview_pad_seconds: int | None, processor_cache_bytes: int, num_threads: int) -> None:
-    """The worker's loop: a ModelInput in, its RunnerOutput (or exception) out; until it gets
-    None or the engine's end of the pipe closes."""
+    """The worker's loop: a ModelInput in, its RunnerOutput (or exception) out; an Inject in,
+    None out; until it gets None or the engine's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server, which stops us
     torch.set_num_threads(num_threads)
-    cache = ProcessorCache(processor_cache_bytes)
-    runner = ModelRunner(bundle, cache, pad_seconds, preview_pad_seconds)
+    runner = ModelRunner(bundle, ProcessorCache(processor_cache_bytes), pad_seconds, preview_pad_seconds)
     conn.send("ready")
     while True:
         try:
@@ -84,14 +84,24 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
         if inp is None:
             return
         try:
-            output = runner.execute(inp, stop_event.is_set)
-            output.processor_counts = (cache.num_queries, cache.num_hits)
-            conn.send(output)
+            if isinstance(inp, Inject):
+                runner.inject(inp.hashes, inp.features)
+                conn.send(None)
+            else:
+                conn.send(runner.execute(inp, stop_event.is_set))
         except Exception as e:  # the engine fails this step's sessions with it
             try:
                 conn.send(e)
             except Exception:  # it does not pickle
                 conn.send(RuntimeError(f"{type(e).__name__}: {e}"))
+
+
+@dataclass
+class Inject:
+    """Features processed elsewhere, for the worker's processor cache (ModelRunner.inject)."""
+
+    hashes: list[str]
+    features: list[torch.Tensor]
 
 
 class RunnerProcess:
@@ -135,11 +145,19 @@ class RunnerProcess:
     def execute(self, inp: ModelInput, stop: Callable[[], bool] | None = None) -> RunnerOutput:
         """Run one step in the worker. A step of partials is given up when `stop_event` is
         set (the engine's `stop_partials`); `stop` itself cannot cross to the worker."""
+        return self._call(inp)
+
+    def inject(self, hashes: list[str], features: list[torch.Tensor]) -> None:
+        """Add features processed elsewhere to the worker's processor cache."""
+        self._call(Inject(hashes, features))
+
+    def _call(self, message: Any) -> Any:
+        """Send a message to the worker and return its reply (raise what it raised)."""
         with self._lock:
             if self._conn.closed:
                 raise WorkerError("the model worker process was stopped")
             try:
-                self._conn.send(inp)
+                self._conn.send(message)
                 reply = self._conn.recv()
             except (EOFError, OSError) as e:
                 self.process.join(1.0)

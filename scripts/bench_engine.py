@@ -43,6 +43,7 @@ def schedule_gather_seconds(engine: Engine, num_items: int, steps: int = 300) ->
     for i in range(num_items):
         request.mm_features.append(MMFeature(f"{rid}-{i}", PlaceholderRange(4 * i, 4)))
     scheduler.add_request(request)
+    requests = [request]
     # steady state: everything before the window was encoded and freed
     request.window_start = 4 * max(0, num_items - WINDOW_ITEMS)
     request.num_decoded_positions = request.num_positions
@@ -56,7 +57,7 @@ def schedule_gather_seconds(engine: Engine, num_items: int, steps: int = 300) ->
             request.mm_features.append(MMFeature(f"{rid}-{i}", PlaceholderRange(4 * i, 4)))
         request.last_speech_end = request.num_positions  # speech: the scheduler decodes only that
         start = time.perf_counter()
-        out = scheduler.schedule()
+        out = scheduler.schedule(requests)
         for idx in out.encoder_inputs.get(rid, []):
             runner.encoder_cache[request.mm_features[idx].identifier] = embed
         num_windows += len(out.windows)
@@ -64,11 +65,12 @@ def schedule_gather_seconds(engine: Engine, num_items: int, steps: int = 300) ->
             items = request.mm_features[window.item_lo : window.item_hi]
             pieces = window_pieces(items, window.window_start, window.window_end)
             runner.gather(WindowInput(window, pieces))
-            # keep the window length steady: commit as far as the new audio
-            scheduler.advance_window(
-                request, max(request.window_start, window.window_end - 4 * WINDOW_ITEMS))
+            # keep the window length steady: commit as far as the new audio (the cut of
+            # the commit step: Stream._cut)
+            request.window_start = max(request.window_start, window.window_end - 4 * WINDOW_ITEMS)
+            scheduler.free_behind_window(request)
         total += time.perf_counter() - start
-    scheduler.finish_request(rid)
+    scheduler.finish_request(request)
     runner.encoder_cache.clear()
     assert num_windows == steps, f"{num_windows} windows in {steps} steps: nothing was measured"
     return total / steps

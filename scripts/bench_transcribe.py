@@ -21,7 +21,7 @@ from audio.mel import N_FRAMES, N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.model import load_bundle  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
-from engine.wer import word_errors  # noqa: E402
+from scripts.wer import word_errors  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 
 

@@ -31,9 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.replay import percentile, replay_session  # noqa: E402
-from engine.engine import EngineConfig  # noqa: E402
-from engine.scheduler import SchedulerConfig  # noqa: E402
-from engine.wer import word_errors  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from scripts.wer import word_errors  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
 
@@ -73,25 +72,24 @@ def main() -> int:
     parser.add_argument("--preview-pad-seconds", type=int, default=EngineConfig.preview_pad_seconds,
                         help="0: partials decode the whole window")
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms)
-    parser.add_argument("--max-batch", type=int, default=SchedulerConfig.max_num_seqs)
-    parser.add_argument("--max-partials", type=int, default=SchedulerConfig.max_partials)
+    parser.add_argument("--max-batch", type=int, default=EngineConfig.max_num_seqs)
+    parser.add_argument("--max-partials", type=int, default=EngineConfig.max_partials)
     parser.add_argument("--max-finals", type=int, default=None, help="default: the engine's")
-    parser.add_argument("--decode-interval-ms", type=int, default=1000,
+    parser.add_argument("--decode-interval-ms", type=int, default=EngineConfig.decode_interval_ms,
                         help="new audio between two decodes of a session")
     parser.add_argument("--agree-after-ms", type=int, default=EngineConfig.agree_after_ms)
     parser.add_argument("--rotate", action="store_true",
                         help="session i starts at the (i mod 5)-th recording: pauses spread out")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", choices=("process", "thread"), default="process",
-                        help="where the model runs, as `voxtide serve --worker`")
+                        help="where the model runs (`voxtide serve`: a process)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     samples, _ = passages(0)
-    scheduler = SchedulerConfig(max_num_seqs=args.max_batch, max_partials=args.max_partials,
-                                decode_interval=args.decode_interval_ms * 50 // 1000)
-    config = EngineConfig(scheduler=scheduler,
-                          pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
+    config = EngineConfig(max_num_seqs=args.max_batch, max_partials=args.max_partials,
+                          decode_interval_ms=args.decode_interval_ms, pad_seconds=args.pad_seconds,
+                          endpoint_ms=args.endpoint_ms or None,
                           preview_pad_seconds=args.preview_pad_seconds or None,
                           agree_after_ms=args.agree_after_ms, max_finals=args.max_finals,
                           worker_process=args.worker == "process")

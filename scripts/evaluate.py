@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.replay import percentile, replay_session  # noqa: E402
 from app.server import Server  # noqa: E402
 from audio.io import SAMPLE_RATE, load_audio  # noqa: E402
-from engine.engine import EngineConfig  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
-from engine.wer import word_errors  # noqa: E402
+from scripts.wer import word_errors  # noqa: E402
 from tests.helpers import ARCTIC_IDS, CARDS, bundle, concatenated, librivox_path  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
 

@@ -29,8 +29,8 @@ from app.replay import replay_session  # noqa: E402
 from app.server import Server  # noqa: E402
 from audio.frames import ITEM_SAMPLES  # noqa: E402
 from audio.io import SAMPLE_RATE  # noqa: E402
-from engine.engine import EngineConfig  # noqa: E402
-from engine.wer import word_errors  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from scripts.wer import word_errors  # noqa: E402
 from tests.helpers import concatenated, librivox_path, transcripts  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
 
@@ -84,10 +84,10 @@ async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int
         last_sum, last_count, last_fallbacks, started = 0.0, 0, 0.0, time.monotonic()
         while True:
             await asyncio.sleep(0.5)
-            requests = list(engine.scheduler.requests.values())
-            if not requests:
+            streams = list(engine.streams.values())
+            if not streams:
                 continue
-            request = requests[0]
+            request = streams[0].request
             minute = request.num_decoded_positions // (50 * 60)
             if minute <= len(rows):
                 continue

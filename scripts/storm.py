@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from websockets.asyncio.client import connect  # noqa: E402
 
 from app.server import Server  # noqa: E402
-from engine.engine import EngineConfig  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
 from scripts.soak import rss_mb  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 from tests.server_client import pcm16_at, running_server, url  # noqa: E402
@@ -86,7 +86,7 @@ async def rounds_on(server: Server, pcm: bytes, rounds: int, num: int) -> list[f
               f"({trimmed[-1]:.1f} MB trimmed), encoder cache "
               f"{len(engine.scheduler.encoder_cache.cached)} entries, "
               f"{len(engine.runner.encoder_cache)} tensors, processor cache "
-              f"{engine.processor_cache.num_bytes / 2**20:.1f} MB", flush=True)
+              f"{engine.runner.processor_cache.num_bytes / 2**20:.1f} MB", flush=True)
     print(f"trimmed RSS last round / baseline: {trimmed[-1] / trimmed[0]:.3f}")
     return sizes
 

@@ -65,3 +65,16 @@ def concatenated(paths: list[Path], gap_seconds: float = 1.0) -> tuple[torch.Ten
         pieces += [audio(p), gap]
         text.append(transcripts()[p])
     return torch.cat(pieces), " ".join(text)
+
+
+def fail_decodes(monkeypatch, runner, request_ids: set[str]) -> None:
+    """Make the model runner fail the windows of these sessions, as a fault in their decode
+    would (the runner in this process: a thread-mode engine)."""
+    window_result = runner._window_result
+
+    def failing(window, decoded):
+        if window.request_id in request_ids:
+            raise RuntimeError("injected failure")
+        return window_result(window, decoded)
+
+    monkeypatch.setattr(runner, "_window_result", failing)

@@ -17,7 +17,8 @@ from websockets.exceptions import ConnectionClosed
 from app.config import ServerConfig
 from app.server import Server
 from audio.io import float_to_pcm16
-from engine.engine import Engine, EngineConfig
+from engine.config import EngineConfig
+from engine.engine import Engine
 from tests.helpers import bundle
 
 

@@ -12,13 +12,13 @@ from app.metrics import Metrics
 from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
 from audio.mel import log_mel_power, normalize_log_mel
 from engine import worker
-from engine.engine import Engine, EngineConfig
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.model.transcribe import transcribe
 from engine.model.whisper import ModelDimensions, Whisper
 from engine.model_runner import ModelRunner
-from engine.scheduler import SchedulerConfig
-from engine.wer import normalize, word_errors
-from tests.helpers import ARCTIC_IDS, audio, bundle, concatenated, librivox_path
+from scripts.wer import normalize, word_errors
+from tests.helpers import ARCTIC_IDS, audio, bundle, concatenated, fail_decodes, librivox_path
 
 
 def stream(engine: Engine, request_ids: list[str], samples: list[np.ndarray],
@@ -79,7 +79,7 @@ def test_streaming_matches_offline_transcription():
 
 
 def test_two_sessions_batch_the_encoder_and_keep_their_own_text():
-    engine = Engine(bundle(), EngineConfig(SchedulerConfig(decode_interval=50)))
+    engine = Engine(bundle(), EngineConfig(decode_interval_ms=1000))
     a = audio(librivox_path("0930")).numpy()
     b = audio(librivox_path("0880")).numpy()
     for rid in ("a", "b"):
@@ -109,9 +109,9 @@ def test_identical_audio_is_encoded_once_across_sessions():
     assert engine.last_stats.num_encoded_items == 24  # deduplicated by content hash
 
 
-def test_failure_in_one_session_ends_it_and_others_continue():
+def test_failure_in_one_session_ends_it_and_others_continue(monkeypatch):
     engine = Engine(bundle())
-    engine.runner.fail_request_ids.add("bad")
+    fail_decodes(monkeypatch, engine.runner, {"bad"})
     x = audio(librivox_path("0930")).numpy()
     for rid in ("bad", "good"):
         engine.add_request(rid)
@@ -135,7 +135,7 @@ def test_abort_releases_everything_and_silence_dedupes():
     engine.add_audio("r", np.zeros(16000 * 3, dtype=np.float32))
     assert engine.step() == [] and not engine.has_work()  # silence alone is never decoded
     engine.abort("r")
-    engine = Engine(bundle(), EngineConfig(scheduler=SchedulerConfig(decode_only_speech=False)))
+    engine = Engine(bundle(), EngineConfig(decode_only_speech=False))
     engine.add_request("r")
     engine.add_audio("r", np.zeros(16000 * 3, dtype=np.float32))
     engine.step()
@@ -152,18 +152,18 @@ def test_processor_cache_inject_skips_processing_and_counts_hits():
     x = audio(librivox_path("0880")).numpy()[:16000]
     engine.add_request("r")
     engine.add_audio("r", x)
-    request = engine.scheduler.requests["r"]
+    request = engine.streams["r"].request
     # features computed "outside" (as a client sending log-mel would): same values
     contexts = torch.from_numpy(np.stack([f.data for f in request.mm_features]))
     hashes = [f.identifier for f in request.mm_features]
-    engine.processor_cache.inject(hashes, list(item_log_mel(contexts)))
+    engine.inject(hashes, list(item_log_mel(contexts)))
     for f in request.mm_features:
         f.data = None  # the runner must not need the PCM any more
     engine.flush("r")
     engine.step()
-    cache = engine.processor_cache
-    assert cache.num_queries == len(request.mm_features)
-    assert cache.num_hits == len(hashes)  # all but the flushed tail came from inject
+    queries, hits = engine.processor_counts
+    assert queries == len(request.mm_features)
+    assert hits == len(hashes)  # all but the flushed tail came from inject
     assert engine.last_stats.num_encoded_items == len(request.mm_features)
 
 
@@ -219,7 +219,7 @@ def test_shorter_padding_keeps_the_streamed_words():
     with pytest.raises(ValueError, match="preview_pad_seconds"):
         Engine(bundle(), EngineConfig(preview_pad_seconds=31))
     with pytest.raises(ValueError, match="max_partials"):
-        Engine(bundle(), EngineConfig(scheduler=SchedulerConfig(max_partials=0)))
+        Engine(bundle(), EngineConfig(max_partials=0))
 
 
 def test_a_pause_after_speech_commits_the_utterance_without_finishing():
@@ -259,18 +259,19 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
 
 @pytest.mark.parametrize(("endpoint_ms", "silent_items"), [(100, 2), (240, 3), (250, 3), (320, 4)])
 def test_an_endpoint_comes_after_whole_silent_items(endpoint_ms, silent_items):
-    """Silence is counted in 80 ms items against the setting rounded down to 20 ms (README)."""
+    """Silence is counted in 80 ms items against the setting rounded down to 20 ms (docs)."""
     engine = Engine(bundle(), EngineConfig(endpoint_ms=endpoint_ms))
     engine.add_request("s")
     t = np.arange(16000) / 16000
     engine.add_audio("s", (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))  # 1 s of tone
-    request = engine.scheduler.requests["s"]
+    request = engine.streams["s"].request
     for _ in range(8):  # then silence, one item at a time
         if request.endpoints:
             break
         engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
     assert list(request.endpoints) == [request.num_positions]
-    assert (request.endpoints[0] - request.last_speech_end) // engine.item_positions == silent_items
+    silence = request.endpoints[0] - request.last_speech_end
+    assert silence // engine.streams["s"].item_positions == silent_items
 
 
 def test_finals_per_step_default_to_two_on_the_cpu():
@@ -290,18 +291,18 @@ def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     first = engine.schedule()
     assert [w.draft for w in first.model_input.windows] == [[]]
     engine.update_from_output(engine.execute(first))
-    request = engine.scheduler.requests["s"]
-    end, tokens = request.drafts[0]
+    stream = engine.streams["s"]
+    end, tokens = stream.drafts[0]
     assert 90 <= end <= 100  # where the 2 s window ended (the framer keeps back a little)
-    assert tokens and list(request.drafts) == [0]
+    assert tokens and list(stream.drafts) == [0]
     engine.add_audio("s", samples[32000:64000])
     second = engine.schedule()
     assert [w.draft for w in second.model_input.windows] == [tokens]
     out = engine.update_from_output(engine.execute(second))[0]
     assert "married" in normalize("".join(w.text for w in out.committed + out.tentative))
-    assert request.drafts[0] != (end, tokens)  # the 4 s decode replaced the draft
-    engine._cut(request, 100)  # the window no longer starts where it was decoded
-    assert request.drafts == {}
+    assert stream.drafts[0] != (end, tokens)  # the 4 s decode replaced the draft
+    stream._cut(100)  # the window no longer starts where it was decoded
+    assert stream.drafts == {}
     engine.add_audio("s", samples[64000:])
     assert [w.draft for w in engine.schedule().model_input.windows] == [[]]
 
@@ -313,7 +314,7 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(mo
     samples = samples.numpy()
     engine = Engine(bundle(), EngineConfig())
     engine.add_request("s")
-    request = engine.scheduler.requests["s"]
+    request = engine.streams["s"].request
     finals, previews, calls = [], [], []
     hidden = engine.runner.model.decoder.hidden
     monkeypatch.setattr(engine.runner.model.decoder, "hidden",
@@ -335,7 +336,7 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(mo
         elif finals and window.preview:
             assert window.window_start == finals[-1][0]  # from the end of the last final
             (inp,) = step.model_input.windows
-            assert inp.prompt == [t for w in engine.policies["s"].committed for t in w.tokens]
+            assert inp.prompt == [t for w in engine.streams["s"].policy.committed for t in w.tokens]
             assert out.committed == [] and output.results[0].preview
             previews.append(" ".join(normalize("".join(w.text for w in out.tentative))))
     texts = [" ".join(normalize("".join(w.text for w in c))) for _, c in finals]
@@ -361,8 +362,8 @@ def test_a_partials_only_step_is_given_up_when_asked_and_a_final_step_is_not():
     assert [r.cancelled for r in output.results] == [True]
     assert output.num_encoded_items > 0  # the items are encoded all the same
     assert engine.update_from_output(output) == []  # nothing to show
-    request = engine.scheduler.requests["s"]
-    assert request.drafts == {} and -1 not in request.output_token_ids
+    stream = engine.streams["s"]
+    assert stream.drafts == {} and -1 not in stream.request.output_token_ids
     engine.finish("s")
     step = engine.schedule()  # clears the request: a new step runs
     assert not engine.stop_partials.is_set()
@@ -386,7 +387,7 @@ async def test_the_engine_loop_gives_up_a_partials_step_for_a_final_that_falls_d
     loop.finish("s")  # comes in while the step runs
     output = await loop._execute(step)
     assert [r.cancelled for r in output.results] == [True]
-    assert engine.scheduler.requests["s"].input_finished  # applied during the step
+    assert engine.streams["s"].request.input_finished  # applied during the step
     engine.update_from_output(output)
     step = engine.schedule()  # the final, right away
     assert step.scheduled.windows[0].final
@@ -399,7 +400,7 @@ async def test_a_final_that_cannot_be_placed_does_not_give_up_the_partials():
     encoder cache holds) does not stop a step of partials at every command; a final that
     falls due during the step does."""
     samples = audio(librivox_path("0920")).numpy()  # 6 s
-    config = EngineConfig(scheduler=SchedulerConfig(encoder_cache_size=400), endpoint_ms=None)
+    config = EngineConfig(encoder_cache_s=8, endpoint_ms=None)  # 400 positions
     engine = Engine(bundle(), config)  # no endpointing: no pause ends a window early
     loop = EngineLoop(engine, Metrics())
     for rid in ("a", "b"):
@@ -410,8 +411,8 @@ async def test_a_final_that_cannot_be_placed_does_not_give_up_the_partials():
     loop._apply_commands()
     step = engine.schedule()
     assert [(w.request_id, w.final) for w in step.scheduled.windows] == [("a", False)]
-    assert engine.scheduler.requests["b"].due_number == engine.num_due_at_schedule == 1
-    assert engine.scheduler.requests["a"].due_number is None
+    assert engine.streams["b"].request.due_number == engine.num_due_at_schedule == 1
+    assert engine.streams["a"].request.due_number is None
     loop.add_audio("b", samples[:16000])  # b streams on while the step runs
     output = await loop._execute(step)
     assert [r.cancelled for r in output.results] == [False]  # the partial ran to its end
@@ -472,7 +473,7 @@ def test_a_given_up_partials_step_keeps_finished_decodes_and_the_others_tokens_s
     assert 0 < len(prefix) < 20
     outs = {o.request_id: o for o in engine.update_from_output(output)}
     assert list(outs) == ["short"] and outs["short"].tentative  # shown
-    assert engine.scheduler.requests["long"].drafts[0] == (step.scheduled.windows[1].window_end, prefix)
+    assert engine.streams["long"].drafts[0] == (step.scheduled.windows[1].window_end, prefix)
     monkeypatch.setattr(decoder, "hidden", hidden)
     alone = Engine(bundle(), EngineConfig())
     alone.add_request("long")
@@ -497,7 +498,7 @@ def test_the_model_in_a_worker_process_gives_the_same_words_and_is_stopped_alike
         engine.update_from_output(output)
         engine.abort("cut")
         words = stream(engine, ["s"], [samples])["s"]
-        assert engine.processor_cache.num_queries > 0  # the worker's counters come back
+        assert engine.processor_counts[0] > 0  # the worker's counters come back
     finally:
         engine.close()
     expected = stream(Engine(bundle()), ["s"], [samples])["s"]

@@ -5,7 +5,7 @@ from functools import partial
 
 from engine.encoder_cache import EncoderCacheManager
 from engine.mm_window import get_mm_features_in_window
-from engine.policy import LocalAgreement, Word
+from engine.policy import LocalAgreement
 from engine.request import (
     MMFeature,
     PlaceholderRange,
@@ -14,6 +14,37 @@ from engine.request import (
     first_placeholder,
 )
 from engine.scheduler import Scheduler, SchedulerConfig
+from engine.words import Word
+
+
+class Scheduling:
+    """The scheduler with the engine's side of it: the requests it reads, and the cut that
+    the commit step makes (Stream._cut: the window start moves, its pauses and items behind
+    it go)."""
+
+    def __init__(self, config: SchedulerConfig | None = None):
+        self.scheduler = Scheduler(config)
+        self.requests: dict[str, Request] = {}
+        self.config, self.encoder_cache = self.scheduler.config, self.scheduler.encoder_cache
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+
+    def finish_request(self, request_id: str) -> None:
+        self.scheduler.finish_request(self.requests.pop(request_id))
+
+    def schedule(self):
+        return self.scheduler.schedule(self.requests.values())
+
+    def note_final_due(self, request: Request) -> None:
+        self.scheduler.note_final_due(request)
+
+    def advance_window(self, request: Request, start: int) -> None:
+        request.window_start = start
+        while request.endpoints and request.endpoints[0] <= start:
+            request.endpoints.popleft()
+        self.scheduler.free_behind_window(request)
 
 
 def make_request(request_id: str, num_items: int, length: int = 4, hashes=None) -> Request:
@@ -138,7 +169,7 @@ def test_free_encoder_input_cleans_index_after_eviction():
 def test_scheduler_exact_counts_and_freeing():
     config = SchedulerConfig(max_num_seqs=4, encoder_budget=1000, encoder_cache_size=1000,
                              decode_interval=50)
-    scheduler = Scheduler(config)
+    scheduler = Scheduling(config)
     a = make_request("a", 20)  # 80 positions
     b = make_request("b", 5)  # 20 positions: not enough for a decode yet
     scheduler.add_request(a)
@@ -175,7 +206,7 @@ def test_scheduler_exact_counts_and_freeing():
 def test_scheduler_budget_and_cache_full_wait_instead_of_raising():
     config = SchedulerConfig(max_num_seqs=8, encoder_budget=100, encoder_cache_size=120,
                              decode_interval=50)
-    scheduler = Scheduler(config)
+    scheduler = Scheduling(config)
     for rid in "abc":
         scheduler.add_request(make_request(rid, 15))  # 60 positions each
     out = scheduler.schedule()
@@ -194,7 +225,7 @@ def test_random_steps_keep_cache_invariants():
     rng = random.Random(1234)
     config = SchedulerConfig(max_num_seqs=3, encoder_budget=200, encoder_cache_size=400,
                              decode_interval=8)
-    scheduler = Scheduler(config)
+    scheduler = Scheduling(config)
     cache = scheduler.encoder_cache
     live: dict[str, Request] = {}
     pool = [f"h{i}" for i in range(30)]  # shared content: duplicates within and across
@@ -249,7 +280,7 @@ def test_random_steps_keep_cache_invariants():
 
 
 def test_requests_in_flight_are_not_scheduled_again_until_updated():
-    scheduler = Scheduler(SchedulerConfig(decode_interval=4))
+    scheduler = Scheduling(SchedulerConfig(decode_interval=4))
     for rid in ("a", "b"):
         scheduler.add_request(make_request(rid, 3))
     first = scheduler.schedule()
@@ -266,7 +297,7 @@ def test_requests_in_flight_are_not_scheduled_again_until_updated():
 def test_a_pause_makes_a_final_window_that_ends_there_and_goes_first():
     config = SchedulerConfig(max_num_seqs=1, encoder_budget=10_000, encoder_cache_size=10_000,
                              decode_interval=50)
-    scheduler = Scheduler(config)
+    scheduler = Scheduling(config)
     a, b = make_request("a", 40), make_request("b", 40)  # 160 positions each
     b.endpoints.extend([60, 120])  # pauses after speech at positions 60 and 120
     scheduler.add_request(a)
@@ -286,7 +317,7 @@ def test_a_pause_makes_a_final_window_that_ends_there_and_goes_first():
 
 
 def test_finals_per_step_are_limited_when_asked_and_wait_first_in_line():
-    scheduler = Scheduler(SchedulerConfig(max_finals=2, decode_interval=4))
+    scheduler = Scheduling(SchedulerConfig(max_finals=2, decode_interval=4))
     requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
     for request in requests[1:]:
         request.endpoints.append(20)
@@ -301,7 +332,7 @@ def test_finals_per_step_are_limited_when_asked_and_wait_first_in_line():
 
 
 def test_finals_go_in_the_order_they_fell_due_not_in_queue_order():
-    scheduler = Scheduler(SchedulerConfig(max_finals=1, decode_interval=4))
+    scheduler = Scheduling(SchedulerConfig(max_finals=1, decode_interval=4))
     requests = {rid: make_request(rid, 10) for rid in ("a", "b", "c")}
     for request in requests.values():
         scheduler.add_request(request)
@@ -322,7 +353,7 @@ def test_finals_go_in_the_order_they_fell_due_not_in_queue_order():
 
 
 def test_a_final_no_longer_due_loses_its_place_in_line():
-    scheduler = Scheduler(SchedulerConfig(decode_interval=4))
+    scheduler = Scheduling(SchedulerConfig(decode_interval=4))
     a, b = make_request("a", 10), make_request("b", 10)
     for request in (a, b):
         scheduler.add_request(request)
@@ -337,7 +368,7 @@ def test_a_final_no_longer_due_loses_its_place_in_line():
 
 
 def test_partials_per_step_are_limited_but_finals_are_not():
-    scheduler = Scheduler(SchedulerConfig(max_partials=1, decode_interval=4))
+    scheduler = Scheduling(SchedulerConfig(max_partials=1, decode_interval=4))
     requests = [make_request(rid, 10) for rid in ("a", "b", "c", "d")]
     requests[2].endpoints.append(20)
     requests[3].input_finished = True
@@ -383,7 +414,7 @@ def test_local_agreement_commits_agreed_words_and_a_final_never_drops_the_tentat
 
 
 def test_only_silence_since_the_last_decode_is_not_decoded_again():
-    scheduler = Scheduler(SchedulerConfig(decode_interval=50))
+    scheduler = Scheduling(SchedulerConfig(decode_interval=50))
     request = make_request("a", 20)  # 80 positions of speech
     scheduler.add_request(request)
     assert [w.window_end for w in scheduler.schedule().windows] == [80]
@@ -393,14 +424,14 @@ def test_only_silence_since_the_last_decode_is_not_decoded_again():
     request.last_speech_end = 120  # speech again
     assert [w.window_end for w in scheduler.schedule().windows] == [160]
     config = SchedulerConfig(decode_interval=50, decode_only_speech=False)
-    scheduler, request = Scheduler(config), make_request("b", 20)
+    scheduler, request = Scheduling(config), make_request("b", 20)
     request.last_speech_end = 0
     scheduler.add_request(request)
     assert [w.window_end for w in scheduler.schedule().windows] == [80]
 
 
 def test_partials_after_a_final_are_previews_until_they_could_commit():
-    scheduler = Scheduler(SchedulerConfig(decode_interval=4, preview_positions=40))
+    scheduler = Scheduling(SchedulerConfig(decode_interval=4, preview_positions=40))
     request = make_request("a", 9)  # 36 positions
     scheduler.add_request(request)
 
@@ -423,7 +454,7 @@ def test_partials_after_a_final_are_previews_until_they_could_commit():
 
 
 def test_a_final_window_without_speech_is_not_marked_for_decoding():
-    scheduler = Scheduler(SchedulerConfig(decode_interval=4))
+    scheduler = Scheduling(SchedulerConfig(decode_interval=4))
     request = make_request("a", 10)
     scheduler.add_request(request)
     request.window_start = request.num_decoded_positions = 40  # committed and cut at 40

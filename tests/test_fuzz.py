@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from engine.engine import EngineConfig
+from engine.config import EngineConfig
 from tests.server_client import ThreadedServer, pcm16_at
 from tests.test_server import clip, error_rate
 

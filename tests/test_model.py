@@ -9,15 +9,10 @@ import torch
 
 from audio.mel import N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model import CheckpointError, load_bundle
-from engine.model.decoding import (
-    DecodingOptions,
-    decode,
-    decode_batch,
-    resync_draft,
-    shift_timestamps,
-)
+from engine.model.decoding import DecodingOptions, decode, decode_batch, resync_draft
 from engine.model.loader import cpu_has_bf16, default_model_path, load_model, load_state, openai_to_hf
-from engine.wer import normalize
+from engine.words import shift_timestamps
+from scripts.wer import normalize
 from tests.helpers import ARCTIC_IDS, audio, bundle, exact_bundle, librivox_path
 
 PARITY_CLIPS = ["0870", "0890", "0930"]

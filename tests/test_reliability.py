@@ -9,7 +9,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from engine.engine import EngineConfig
+from engine.config import EngineConfig
 from tests.helpers import concatenated, librivox_path, transcripts
 from tests.server_client import pcm16_at, running_server, url, wait_until
 from tests.test_server import clip, error_rate
@@ -161,15 +161,14 @@ async def test_disconnect_storm_leaves_nothing_behind(tmp_path):
             for i in range(start, start + size, CHUNK):
                 await ws.send(pcm[i : i + CHUNK])
         await wait_until(lambda: engine.num_requests == num)
-        request_refs = [weakref.ref(r) for r in engine.scheduler.requests.values()]
+        stream_refs = [weakref.ref(s) for s in engine.streams.values()]
         await asyncio.sleep(0.3)  # mid-stream: some windows decoded, the rest not yet
         for ws in sockets:
             ws.transport.abort()
         await wait_until(lambda: not server.sessions and not engine.num_requests)
 
-        assert server.ctx.resumable == {} and server.loop.sinks == {} and server.loop.received == {}
-        assert engine.scheduler.requests == {} and not engine.scheduler.queue
-        assert engine.framers == {} and engine.policies == {} and engine.pad_ends == {}
+        assert server.ctx.resumable == {} and server.loop.routes == {}
+        assert engine.streams == {}  # every session's engine state lives in its stream
         cache = engine.scheduler.encoder_cache
         assert cache.request_cached_ids == {} and cache.num_referenced == 0
         assert set(engine.runner.encoder_cache) <= set(cache.cached)  # no orphaned tensors
@@ -177,7 +176,7 @@ async def test_disconnect_storm_leaves_nothing_behind(tmp_path):
         del sockets
         gc.collect()
         assert all(r() is None for r in session_refs), "a Session object outlived its session"
-        assert all(r() is None for r in request_refs), "a Request outlived its session"
+        assert all(r() is None for r in stream_refs), "a Stream outlived its session"
         # the drained text is stored, not lost
         stored = [server.store.read(h["session_id"]) for h in hellos]
     assert sum(bool(records) for records in stored) >= 0.9 * num

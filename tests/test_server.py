@@ -13,14 +13,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from engine.engine import EngineConfig
-from engine.wer import word_errors
-from tests.helpers import audio, librivox_path, transcripts
+from audio.frames import AudioFramer, item_log_mel
+from engine.config import EngineConfig
+from engine.stream import hash_key, item_hash
+from scripts.wer import word_errors
+from tests.helpers import audio, fail_decodes, librivox_path, transcripts
 from tests.server_client import (
     finals_text,
     listen,
@@ -323,12 +326,12 @@ async def test_dropped_connection_still_stores_the_transcript(tmp_path):
     assert error_rate(reference, text) <= 0.15, text
 
 
-async def test_engine_failure_ends_only_that_session(tmp_path):
+async def test_engine_failure_ends_only_that_session(tmp_path, monkeypatch):
     samples, _ = clip("0890")
     async with running_server(tmp_path) as server:
         async with connect(url(server, "/v1/listen")) as ws:
             session_id = json.loads(await ws.recv())["session_id"]
-            server.engine.runner.fail_request_ids.add(session_id)
+            fail_decodes(monkeypatch, server.engine.runner, {session_id})
             healthy = asyncio.create_task(listen(server, samples))
             await ws.send(pcm16_at(samples, 16000))
             messages = await receive_all(ws)
@@ -340,16 +343,23 @@ async def test_engine_failure_ends_only_that_session(tmp_path):
 
 
 async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_health(tmp_path):
-    """`voxtide serve` runs the model in a worker process: the same words as offline; the
-    processor cache counters come back from it; if it dies, sessions get an engine error and
-    /healthz says 503."""
+    """`voxtide serve` runs the model in a worker process: the same words as offline; features
+    injected through the engine reach the processor cache in the worker, and its hits show in
+    /metrics; if the worker dies, sessions get an engine error and /healthz says 503."""
     samples, _ = clip("0890")
     async with running_server(tmp_path, EngineConfig(worker_process=True)) as server:
-        messages, _ = await listen(server, samples)
+        engine = server.engine
+        # the clip's items, processed outside the server (as a client sending log-mel would)
+        contexts = AudioFramer(engine.config.item_samples).push(samples.numpy())
+        key = hash_key(engine.bundle.model_id, engine.config.item_samples)
+        hashes = [item_hash(c, key) for c in contexts]
+        engine.inject(hashes, list(item_log_mel(torch.from_numpy(np.stack(contexts)))))
+        messages, _ = await listen(server, samples, encoding="float32")  # the same samples
         assert finals_text(messages) == GOLDEN["0890"]
         assert (await http_get(server, "/healthz"))[0] == 200
         metrics = (await http_get(server, "/metrics"))[2].decode()
-        assert re.search(r"^voxtide_processor_cache_queries [1-9]", metrics, re.M), metrics
+        hits = re.search(r"^voxtide_processor_cache_hits (\S+)", metrics, re.M)
+        assert hits and float(hits.group(1)) >= len(set(hashes)) > 50, metrics
         server.engine.runner.process.kill()
         messages, ws = await listen(server, samples)
         assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "engine_error"

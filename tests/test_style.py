@@ -1,3 +1,4 @@
+import ast
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,28 @@ def test_ruff_clean():
 
 
 def test_scheduler_and_cache_managers_do_not_import_torch():
-    for name in ("request.py", "mm_window.py", "scheduler.py", "encoder_cache.py", "policy.py"):
+    for name in ("request.py", "mm_window.py", "scheduler.py", "encoder_cache.py", "policy.py",
+                 "commit.py", "timeline.py", "words.py"):
         source = (ROOT / "engine" / name).read_text()
         assert "import torch" not in source, name
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_over_80_lines():
+    long = []
+    for folder in ("app", "audio", "engine", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
+
+
+def test_nothing_points_outside_the_repository():
+    for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("*/*.py")]:
+        if path != Path(__file__).resolve():  # (this test names what it looks for)
+            assert "../shared" not in path.read_text(), path

@@ -11,7 +11,7 @@ import torchaudio.functional as AF
 
 from engine.model.decoding import repeated_tail
 from engine.model.transcribe import transcribe
-from engine.wer import normalize, word_errors
+from scripts.wer import normalize, word_errors
 from tests.helpers import ARCTIC_IDS, CARDS, audio, bundle, concatenated, librivox_path, transcripts
 
 # What Whisper tiny.en (bundled CTranslate2 weights, our PyTorch port) actually says.

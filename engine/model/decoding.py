@@ -18,8 +18,9 @@ from torch import Tensor
 
 from engine.model.tokenizer import Tokenizer
 from engine.model.whisper import Whisper
+from engine.timeline import TIME_PRECISION
+from engine.words import shift_timestamps
 
-TIME_PRECISION = 0.02  # seconds per timestamp token (= one encoder position)
 TOKENS_PER_SECOND = 8  # decoding budget per second of audio (speech is ~3-5 text tokens/s)
 MIN_TOKEN_BUDGET = 12
 MAX_REPEAT_BLOCK = 24  # longest token block checked for back-to-back repetition
@@ -220,21 +221,6 @@ class _Row:
         )
 
 
-def shift_timestamps(tokens: list[int], positions: int, timestamp_begin: int,
-                     num_timestamps: int = 1501) -> list[int]:
-    """A decode's tokens as they would read in a window starting `positions` earlier: every
-    timestamp moved by that much (one timestamp token per encoder position; negative: later);
-    cut before the first one that falls outside the timestamps."""
-    shifted = []
-    for t in tokens:
-        if t >= timestamp_begin:
-            t += positions
-            if not timestamp_begin <= t < timestamp_begin + num_timestamps:
-                break
-        shifted.append(t)
-    return shifted
-
-
 RESYNC_TOKENS = 4  # a chosen token found this far into the waiting draft resumes it there
 MAX_MISSES = 8  # decoder calls without a match before a row's waiting draft is dropped
 
@@ -256,6 +242,22 @@ def resync_draft(pending: list[int], chosen: int, timestamp_begin: int) -> list[
     if chosen in pending[:RESYNC_TOKENS]:
         return pending[pending.index(chosen) + 1 :]
     return None
+
+
+def _pack(feeds: list[list[int]], num_wanted: list[int], pad: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The tokens of one decoder call, left-padded -> (tokens, valid, wanted), each (B, width):
+    `valid` where a row has a token, `wanted` at its last `num_wanted` positions, whose
+    logits are projected: after the token before the draft and after each draft token (on
+    the first call without timestamps also after sot, for no-speech, two tokens before)."""
+    width = max(len(feed) for feed in feeds)
+    tokens = torch.full((len(feeds), width), pad, dtype=torch.long)
+    valid = torch.zeros(len(feeds), width, dtype=torch.bool)
+    wanted = torch.zeros(len(feeds), width, dtype=torch.bool)
+    for j, (feed, n) in enumerate(zip(feeds, num_wanted, strict=True)):
+        tokens[j, width - len(feed) :] = torch.tensor(feed)
+        valid[j, width - len(feed) :] = True
+        wanted[j, width - n :] = True
+    return tokens, valid, wanted
 
 
 @torch.inference_mode()
@@ -295,17 +297,9 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
         if stop is not None and stop():
             raise DecodingCancelled([row.result(tokenizer) if row.stop else None for row in rows],
                                     [list(row.seq) for row in rows])
-        width = max(len(feeds[r]) for r in active)
-        tokens = torch.full((len(active), width), eot, dtype=torch.long)
-        valid = torch.zeros(len(active), width, dtype=torch.bool)
-        wanted = torch.zeros(len(active), width, dtype=torch.bool)  # positions to project
-        for j, r in enumerate(active):
-            feed = feeds[r]
-            tokens[j, width - len(feed) :] = torch.tensor(feed)
-            valid[j, width - len(feed) :] = True
-            # the logits after the token before the draft and after each draft token; on the
-            # first call without timestamps also after sot (no-speech), two tokens before
-            wanted[j, width - len(rests[r]) - extras[r] :] = True
+        num_wanted = [len(rests[r]) + extras[r] for r in active]
+        tokens, valid, wanted = _pack([feeds[r] for r in active], num_wanted, eot)
+        width = tokens.shape[1]
         ragged = any(len(feeds[r]) != width or rests[r] for r in active)
         hidden = model.decoder.hidden(tokens.to(device), xa, cache,
                                       valid.to(device) if ragged else None)  # (B', width, D)

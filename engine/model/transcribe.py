@@ -13,18 +13,12 @@ import torch
 
 from audio.mel import FRAMES_PER_SECOND, N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model import ModelBundle
-from engine.model.decoding import TIME_PRECISION, DecodingOptions, DecodingResult, decode
+from engine.model.decoding import DecodingOptions, DecodingResult, decode
+from engine.timeline import SAMPLE_RATE
+from engine.words import Segment, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
-
-
-@dataclass
-class Segment:
-    start: float  # seconds from the start of the audio
-    end: float
-    text: str
-    tokens: list[int]
 
 
 @dataclass
@@ -59,42 +53,11 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
     return result
 
 
-def split_segments(tokens: list[int], ts_begin: int, offset: float, window_seconds: float,
-                   tokenizer) -> tuple[list[Segment], float]:
-    """Timestamped tokens -> (segments with absolute times, seconds consumed in this window)."""
-    is_ts = [t >= ts_begin for t in tokens]
-    single_ending = len(tokens) >= 2 and not is_ts[-2] and is_ts[-1]
-    cuts = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
-    segments = []
-    if cuts:
-        if single_ending:
-            cuts.append(len(tokens))
-        last = 0
-        for cut in cuts:
-            piece = tokens[last:cut]
-            start = (piece[0] - ts_begin) * TIME_PRECISION if piece[0] >= ts_begin else 0.0
-            end = (piece[-1] - ts_begin) * TIME_PRECISION if piece[-1] >= ts_begin else start
-            text_tokens = [t for t in piece if t < ts_begin]
-            segments.append(Segment(offset + start, offset + end,
-                                    tokenizer.decode(text_tokens), text_tokens))
-            last = cut
-        consumed = window_seconds if single_ending else (tokens[last - 1] - ts_begin) * TIME_PRECISION
-    else:
-        stamps = [t for t in tokens if t >= ts_begin]
-        end = window_seconds
-        if stamps and stamps[-1] != ts_begin:
-            end = (stamps[-1] - ts_begin) * TIME_PRECISION
-        text_tokens = [t for t in tokens if t < ts_begin]
-        segments.append(Segment(offset, offset + end, tokenizer.decode(text_tokens), text_tokens))
-        consumed = window_seconds
-    return segments, consumed
-
-
 @torch.inference_mode()
 def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
     model, tokenizer = bundle.model, bundle.tokenizer
-    duration = audio.shape[0] / 16000
+    duration = audio.shape[0] / SAMPLE_RATE
     mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES)
     content_frames = mel.shape[-1] - N_FRAMES
     segments: list[Segment] = []

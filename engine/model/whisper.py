@@ -52,9 +52,13 @@ class Linear(nn.Linear):
 
 
 class Conv1d(nn.Conv1d):
-    def _conv_forward(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    def _conv_forward(self, x: Tensor, weight: Tensor, bias: Tensor | None,
+                      padding: int | None = None) -> Tensor:
+        """As nn.Conv1d in x's dtype; `padding` overrides the module's."""
         bias = None if bias is None else bias.to(x.dtype)
-        return super()._conv_forward(x, weight.to(x.dtype), bias)
+        if padding is None:
+            return super()._conv_forward(x, weight.to(x.dtype), bias)
+        return F.conv1d(x, weight.to(x.dtype), bias, self.stride, padding, self.dilation, self.groups)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000) -> Tensor:
@@ -190,10 +194,14 @@ class AudioEncoder(nn.Module):
         self.blocks = nn.ModuleList(ResidualAttentionBlock(n_state, n_head) for _ in range(n_layer))
         self.ln_post = LayerNorm(n_state)
 
-    def stem(self, mel: Tensor) -> Tensor:
-        """mel: (B, n_mels, T) -> (B, T // 2, n_state): the position-independent conv stem."""
-        x = F.gelu(self.conv1(mel))
-        x = F.gelu(self.conv2(x))
+    def stem(self, mel: Tensor, padding: int = 1) -> Tensor:
+        """mel: (B, n_mels, T) -> (B, T // 2, n_state): the position-independent conv stem.
+
+        padding=0 for mel that carries its own context instead of the zero padding at the
+        edges: an audio item's (B, n_mels, 8m + 3) mel -> (B, 4m, n_state) (audio/frames.py).
+        """
+        x = F.gelu(self.conv1._conv_forward(mel, self.conv1.weight, self.conv1.bias, padding))
+        x = F.gelu(self.conv2._conv_forward(x, self.conv2.weight, self.conv2.bias, padding))
         return x.permute(0, 2, 1)
 
     def transformer(self, x: Tensor) -> Tensor:

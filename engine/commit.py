@@ -1,0 +1,99 @@
+"""The streaming commit rules: what a decode of a window commits, and where the window is cut.
+
+Pure functions of a window's facts, in positions of the session timeline; the session's
+stream (engine/stream.py) applies them to its commit policy and timeline. Torch-free.
+
+- A preview (a partial over only the audio since the last final) shows words, never commits.
+- A final window (it ends at a pause, a flush or the end of the input) commits its decode
+  whole; it is cut there when it was flushed or is long, else its utterance stays in the
+  window as context for the next one (a short window alone decodes worse).
+- A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
+  endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
+- A window that cannot take another decode interval within 30 s commits its whole segments
+  and moves to the end of the last one, as offline Whisper seeks; with none, it commits the
+  words that end before its last 5 s and moves there.
+- A window over 15 s is cut at its committed end, so that decodes stay short.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND
+
+TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # 750: a window over 15 s is cut at its commit
+FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
+
+
+class Action(enum.Enum):
+    SHOW = "show"  # a preview: its words are the tentative tail, nothing is committed
+    FINAL = "final"  # commit the decode whole
+    AGREE = "agree"  # commit what agrees with the previous decode (when `agree`)
+    WHOLE = "whole"  # agree, then commit the whole segments; cut at their end
+    FORCE = "force"  # agree, then commit the tentative words ending by `force_until`; cut
+
+
+def commits_whole(start: int, end: int, final: bool, decode_interval: int) -> bool:
+    """Whether the decode of window [start, end) is committed whole, with no agreement to
+    check it: a final, or a window too long for another decode interval within 30 s. (The
+    model runner re-decodes such a decode at higher temperatures when it looks wrong.)"""
+    return final or end - start >= MAX_WINDOW_POSITIONS - decode_interval
+
+
+@dataclass(frozen=True)
+class WindowFacts:
+    """A decoded window, as the rules see it."""
+
+    start: int  # first position of the window
+    end: int  # one past its last position
+    final: bool  # it ends at a pause, a flush or the end of the input
+    preview: bool  # it holds only the audio since the last final
+    flushed: bool  # (final) it reaches a flush or the end of the input
+    silence: bool  # the decode found no speech
+    complete: int | None  # the decode's words are whole segments up to this position
+    pending_ms: int  # audio between the committed words' end and the window's end
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: Action
+    agree: bool = False  # AGREE, WHOLE, FORCE: words that agree are committed
+    force_until: int = 0  # FORCE: tentative words ending by this position are committed
+
+
+def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
+    """What the decode of a window commits. `agree_after_ms`: audio that must wait
+    uncommitted before agreement commits (0 without endpointing)."""
+    if facts.preview:
+        return Plan(Action.SHOW)
+    if facts.final:
+        return Plan(Action.FINAL)
+    agree = facts.pending_ms > agree_after_ms
+    if not commits_whole(facts.start, facts.end, False, decode_interval):
+        return Plan(Action.AGREE, agree)
+    complete = facts.complete
+    if not facts.silence and complete is not None and facts.start < complete <= facts.end:
+        return Plan(Action.WHOLE, agree)
+    return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS)
+
+
+def new_window_start(facts: WindowFacts, action: Action, committed_end: int) -> int | None:
+    """Where the window starts once the plan is applied (None: where it was).
+    `committed_end`: the committed words' end after it, in positions."""
+    length = facts.end - facts.start
+    if action is Action.SHOW:
+        return None
+    if action is Action.FINAL:
+        return facts.end if facts.flushed or length > TRIM_AFTER_POSITIONS else None
+    if action is Action.WHOLE:
+        return facts.complete
+    if action is Action.FORCE:
+        if committed_end <= facts.start or facts.silence:
+            return facts.end - FORCE_KEEP_POSITIONS
+        return committed_end
+    if length > TRIM_AFTER_POSITIONS or (facts.silence and length > FORCE_KEEP_POSITIONS):
+        boundary = facts.end - FORCE_KEEP_POSITIONS if facts.silence else committed_end
+        if boundary > facts.start:
+            return boundary
+    return None

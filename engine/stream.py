@@ -1,0 +1,264 @@
+"""One session's engine state, and its one owner: `Stream`.
+
+A stream cuts the session's audio into items on its timeline (the `Request` the scheduler
+reads), hashes them, tracks speech and pauses, keeps the commit policy, the drafts and the
+map of the silence flushes inserted; and its commit step applies a decode's result. The
+engine keeps a dict of streams: dropping a session is one deletion (and the release of its
+encoder-cache entries, which the cache owns).
+
+Besides the scheduler's bookkeeping of what it scheduled, only the commit step (`apply`)
+and the client's commands (add_audio, flush, finish) change a stream.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from audio.frames import CONTEXT_BEFORE, STREAM_LOG_FLOOR, AudioFramer
+from audio.vad import level_db
+from engine import commit
+from engine.config import EngineConfig
+from engine.policy import LocalAgreement, PolicyUpdate
+from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
+from engine.timeline import item_positions, ms_to_positions, positions_to_ms, samples_to_ms
+from engine.words import Word, shift_timestamps
+
+
+@dataclass
+class EngineOutput:
+    request_id: str
+    committed: list[Word]  # newly committed words (final, never rewritten)
+    tentative: list[Word]  # current tentative tail (replaces the previous one)
+    finished: bool = False  # the request is done; no more outputs
+    flushed_ms: int | None = None  # set when a flush completed: all audio before it is committed
+    error: str | None = None
+
+    @property
+    def flushed(self) -> bool:
+        return self.flushed_ms is not None
+
+
+def hash_key(model_id: str, item_samples: int) -> bytes:
+    """The key of item content hashes: an item's features depend on these too."""
+    params = f"{model_id}:{item_samples}:{STREAM_LOG_FLOOR}"
+    return hashlib.blake2b(params.encode(), digest_size=16).digest()
+
+
+def item_hash(context: np.ndarray, key: bytes) -> str:
+    """An audio item's content hash: its PCM with context (audio/frames.py), keyed."""
+    return hashlib.blake2b(context.tobytes(), key=key, digest_size=16).hexdigest()
+
+
+class PaddingMap:
+    """Silence that flushes inserted into the timeline, to give times in received audio."""
+
+    def __init__(self) -> None:
+        self.ends: list[int] = []  # timeline ms where each padding ends
+        self.totals: list[int] = []  # padding ms up to there
+
+    def add(self, timeline_end_ms: int, total_ms: int) -> None:
+        self.ends.append(timeline_end_ms)
+        self.totals.append(total_ms)
+
+    def audio_ms(self, timeline_ms: int) -> int:
+        """Session timeline ms -> ms of received audio (inside a padding: its start)."""
+        ends = self.ends
+        if not ends:
+            return timeline_ms
+        i = bisect.bisect_right(ends, timeline_ms)  # paddings 0..i-1 end before timeline_ms
+        before = self.totals[i - 1] if i else 0
+        if i < len(ends):  # inside padding i: clamp to its start
+            timeline_ms = min(timeline_ms, ends[i] - (self.totals[i] - before))
+        return timeline_ms - before
+
+    def audio_words(self, words: list[Word]) -> list[Word]:
+        if not self.ends:
+            return words
+        f = self.audio_ms
+        return [Word(w.text, f(w.start_ms), f(w.end_ms), w.tokens) for w in words]
+
+
+class Stream:
+    def __init__(self, request_id: str, config: EngineConfig, key: bytes, timestamp_begin: int):
+        self.config = config
+        self.request = Request(request_id)
+        self.framer = AudioFramer(config.item_samples)
+        self.policy = LocalAgreement()
+        self.padding = PaddingMap()
+        # window start -> (window end, tokens) of the last decode from there: the draft of the
+        # next decode of a window with that start (the window's and the preview's, at most two)
+        self.drafts: dict[int, tuple[int, list[int]]] = {}
+        self.key = key
+        self.timestamp_begin = timestamp_begin
+        self.item_positions = item_positions(config.item_samples)  # 4 for 80 ms
+        endpoint_ms = config.endpoint_ms
+        self.endpoint_positions = ms_to_positions(endpoint_ms) if endpoint_ms is not None else None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def committed_ms(self) -> int:
+        """End of the committed text in received-audio ms."""
+        return self.padding.audio_ms(self.policy.committed_end_ms)
+
+    # ------------------------------------------------------------------ commands
+
+    def add_audio(self, samples: np.ndarray) -> None:
+        """Append (n,) float32 16 kHz samples."""
+        if self.request.input_finished:
+            raise ValueError(f"request {self.request_id!r} is finished; no more audio")
+        self._add_items(self.framer.push(np.asarray(samples, np.float32)))
+
+    def flush(self) -> None:
+        """Decode and commit everything received so far (the session stays open)."""
+        if not self.request.input_finished:  # else finishing commits everything anyway
+            self._flush_framer()
+            self.request.flush_position = max(self.request.num_positions, 1)
+
+    def finish(self) -> None:
+        """No more audio: commit everything, then end."""
+        if not self.request.input_finished:
+            self._flush_framer()
+            self.request.input_finished = True
+
+    def _flush_framer(self) -> None:
+        framer = self.framer
+        padded = framer.num_padded
+        self._add_items(framer.flush())
+        if framer.num_padded > padded:
+            self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
+
+    def _add_items(self, contexts: list[np.ndarray]) -> None:
+        request = self.request
+        for context in contexts:
+            offset = request.num_positions
+            request.mm_features.append(MMFeature(item_hash(context, self.key),
+                                                 PlaceholderRange(offset, self.item_positions), context))
+            self._track_speech(context)
+
+    def _track_speech(self, context: np.ndarray) -> None:
+        """After an item: note where speech last was (the scheduler decodes no silence), and
+        mark an endpoint once `endpoint_ms` of silence follow speech (since the last endpoint).
+        The window that reaches it ends there and is final: committed whole, one decode of a
+        complete utterance with no agreement to wait for."""
+        request = self.request
+        core = context[CONTEXT_BEFORE : CONTEXT_BEFORE + self.config.item_samples]
+        end = request.num_positions
+        if level_db(core) > self.config.speech_db:
+            request.last_speech_end = end
+        elif self.endpoint_positions is None:
+            return
+        elif (request.last_speech_end > max(request.last_endpoint, request.window_start)
+              and end - request.last_speech_end >= self.endpoint_positions):
+            request.endpoints.append(end)
+            request.last_endpoint = end
+
+    # ------------------------------------------------------------------ decoding
+
+    def draft(self, start: int, preview: bool) -> list[int]:
+        """The tokens a decode of the window from `start` is likely to give: the last decode
+        from there (its timestamps line up), followed, for a window that starts before the
+        last final's end, by the newer preview of the audio since then, its timestamps moved
+        to this window's. Verified by the decoder, so a wrong guess costs time, not text."""
+        preview_start = self.request.preview_start
+        end, tokens = self.drafts.get(start, (start, []))
+        if preview or preview_start <= start:
+            return tokens
+        preview_end, preview_tokens = self.drafts.get(preview_start, (0, []))
+        if preview_end <= end:
+            return tokens  # no preview since that decode
+        return tokens + shift_timestamps(preview_tokens, preview_start - start, self.timestamp_begin)
+
+    def keep_prefix(self, tokens: list[int], preview: bool) -> None:
+        """The tokens a given-up partial had decoded are the start of its window's greedy
+        decode: where longer than that window's draft, they are its new draft (they cover
+        newer audio: under load the draft of a final late in a burst missed its last words)."""
+        request = self.request
+        start = request.preview_start if preview else request.window_start
+        _, draft = self.drafts.get(start, (start, []))
+        if len(tokens) > len(draft):
+            self.drafts[start] = (request.num_decoded_positions, tokens)
+
+    def _prune_drafts(self) -> None:
+        """Keep the drafts of windows that can still be decoded: the window's and the preview's."""
+        keep = (self.request.window_start, self.request.preview_start)
+        for start in [s for s in self.drafts if s not in keep]:
+            del self.drafts[start]
+
+    # ------------------------------------------------------------------ the commit step
+
+    def fail(self, error: str) -> EngineOutput:
+        self.request.status, self.request.error = RequestStatus.ERROR, error
+        return EngineOutput(self.request_id, [], [], finished=True, error=error)
+
+    def apply(self, words: list[Word], tokens: list[int], facts: commit.WindowFacts,
+              temperature: float) -> EngineOutput:
+        """Apply a decode of the window the scheduler gave (`facts`): commit what the rules
+        say, cut the window, keep the tokens as the next decode's draft."""
+        request, policy = self.request, self.policy
+        self.drafts[facts.start] = (facts.end, tokens)
+        if temperature > 0.5:
+            policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
+        plan = commit.plan(facts, ms_to_positions(self.config.decode_interval_ms),
+                           self.config.agree_after)
+        update = self._commit(plan, words)
+        cut = commit.new_window_start(facts, plan.action, ms_to_positions(policy.committed_end_ms))
+        if cut is not None:
+            self._cut(cut)
+        flushed_ms, done = None, False
+        if plan.action is commit.Action.FINAL:
+            self._after_final(facts.end)
+            if facts.flushed:
+                flushed_ms = self.padding.audio_ms(positions_to_ms(facts.end))
+            done = request.input_finished and request.window_start >= request.num_positions
+            if done:
+                request.status = RequestStatus.FINISHED
+        return EngineOutput(self.request_id, self.padding.audio_words(update.committed),
+                            self.padding.audio_words(update.tentative), finished=done,
+                            flushed_ms=flushed_ms)
+
+    def _commit(self, plan: commit.Plan, words: list[Word]) -> PolicyUpdate:
+        policy, action = self.policy, plan.action
+        if action is commit.Action.SHOW:
+            # only the audio past the committed words: the tentative tail to show. The policy
+            # does not see it (no agreement, and a final that finds nothing new does not
+            # commit it): a short window alone decodes worse, Whisper's " you" on a breath
+            return PolicyUpdate([], words)
+        if action is commit.Action.FINAL:
+            return PolicyUpdate(policy.flush(words).committed, [])
+        update = policy.update(words, commit=plan.agree)
+        if action is commit.Action.WHOLE:
+            return PolicyUpdate(update.committed + policy.flush(words).committed, [])
+        if action is commit.Action.FORCE:
+            forced = policy.force_commit_until(positions_to_ms(plan.force_until))
+            return PolicyUpdate(update.committed + forced.committed, forced.tentative)
+        return update
+
+    def _after_final(self, end: int) -> None:
+        """A final decode committed everything before `end`: its pauses and flush are done."""
+        request = self.request
+        while request.endpoints and request.endpoints[0] <= end:
+            request.endpoints.popleft()
+        if request.flush_position <= end:
+            request.flush_position = 0
+        request.preview_start = end
+        self._prune_drafts()
+
+    def _cut(self, position: int) -> None:
+        """Start the window at `position`, rounded down to an item (never behind the window
+        start); the committed words before it leave it, and so do the pauses."""
+        request = self.request
+        size = self.item_positions
+        start = max(request.window_start, min(position, request.num_positions) // size * size)
+        request.window_start = start
+        while request.endpoints and request.endpoints[0] <= start:
+            request.endpoints.popleft()  # pauses the window has passed
+        self.policy.cut_window(positions_to_ms(start))
+        request.preview_start = max(request.preview_start, start)  # committed before
+        self._prune_drafts()
