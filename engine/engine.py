@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.commit import WindowFacts
 from engine.config import EngineConfig
 from engine.mm_window import window_pieces
 from engine.model import ModelBundle
@@ -24,7 +23,6 @@ from engine.processor_cache import ProcessorCache
 from engine.request import RequestStatus, fill_placeholders
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.stream import EngineOutput, Stream, hash_key
-from engine.timeline import ms_to_positions, positions_to_ms
 from engine.worker import RunnerProcess, can_share
 
 __all__ = ["Engine", "EngineOutput", "StepInput", "StepStats"]
@@ -209,26 +207,12 @@ class Engine:
             if result.error is not None:
                 out = stream.fail(result.error)
             else:
-                out = stream.apply(result.words, result.tokens, self._facts(stream, result),
-                                   result.temperature)
+                out = stream.apply(result)
                 self.scheduler.free_behind_window(stream.request)
             if out.finished:
                 self._drop(result.request_id)
             outputs.append(out)
         return outputs
-
-    @staticmethod
-    def _facts(stream: Stream, result: WindowResult) -> WindowFacts:
-        """What the commit rules need of the window a result decoded (the scheduler noted its
-        end; only this step moves its start)."""
-        request = stream.request
-        start = request.preview_start if result.preview else request.window_start
-        end = request.num_decoded_positions
-        flushed = result.final and ((request.input_finished and end == request.num_positions)
-                                    or 0 < request.flush_position <= end)
-        complete = ms_to_positions(result.complete_ms) if result.complete_ms is not None else None
-        return WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
-                           complete, positions_to_ms(end) - stream.policy.committed_end_ms)
 
     def final_fell_due(self, request_ids: Iterable[str]) -> bool:
         """Whether one of these sessions now waits for a final decode (a pause, a flush, its

@@ -22,6 +22,7 @@ from audio.frames import CONTEXT_BEFORE, STREAM_LOG_FLOOR, AudioFramer
 from audio.vad import level_db
 from engine import commit
 from engine.config import EngineConfig
+from engine.model_runner import WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.timeline import item_positions, ms_to_positions, positions_to_ms, samples_to_ms
@@ -197,17 +198,17 @@ class Stream:
         self.request.status, self.request.error = RequestStatus.ERROR, error
         return EngineOutput(self.request_id, [], [], finished=True, error=error)
 
-    def apply(self, words: list[Word], tokens: list[int], facts: commit.WindowFacts,
-              temperature: float) -> EngineOutput:
-        """Apply a decode of the window the scheduler gave (`facts`): commit what the rules
-        say, cut the window, keep the tokens as the next decode's draft."""
+    def apply(self, result: WindowResult) -> EngineOutput:
+        """Apply the decode of the window the scheduler gave: commit what the rules say, cut
+        the window, keep the tokens as the next decode's draft."""
         request, policy = self.request, self.policy
-        self.drafts[facts.start] = (facts.end, tokens)
-        if temperature > 0.5:
+        facts = self._facts(result)
+        self.drafts[facts.start] = (facts.end, result.tokens)
+        if result.temperature > 0.5:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         plan = commit.plan(facts, ms_to_positions(self.config.decode_interval_ms),
                            self.config.agree_after)
-        update = self._commit(plan, words)
+        update = self._commit(plan, result.words)
         cut = commit.new_window_start(facts, plan.action, ms_to_positions(policy.committed_end_ms))
         if cut is not None:
             self._cut(cut)
@@ -222,6 +223,18 @@ class Stream:
         return EngineOutput(self.request_id, self.padding.audio_words(update.committed),
                             self.padding.audio_words(update.tentative), finished=done,
                             flushed_ms=flushed_ms)
+
+    def _facts(self, result: WindowResult) -> commit.WindowFacts:
+        """What the commit rules need of the window a result decoded (the scheduler noted its
+        end; only the commit step moves its start)."""
+        request = self.request
+        start = request.preview_start if result.preview else request.window_start
+        end = request.num_decoded_positions
+        flushed = result.final and ((request.input_finished and end == request.num_positions)
+                                    or 0 < request.flush_position <= end)
+        complete = ms_to_positions(result.complete_ms) if result.complete_ms is not None else None
+        return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
+                                  complete, positions_to_ms(end) - self.policy.committed_end_ms)
 
     def _commit(self, plan: commit.Plan, words: list[Word]) -> PolicyUpdate:
         policy, action = self.policy, plan.action
