@@ -1,26 +1,35 @@
-"""Evaluate: WER and latency of Voxtide streaming vs offline, with faster-whisper int8 as peer.
+"""Evaluate: fidelity, WER and latency of Voxtide streaming vs offline, faster-whisper int8 as peer.
 
-The set: the pocketsphinx-testdata recordings (the five Sense and Sensibility passages once,
-then repeated in different orders into longer sessions; the card-game phrases) and espeak-ng
-passages. Each
-recording goes through
-- `stream`: a /v1/listen session on a server in this process, at real-time pace in 100 ms
-  chunks (`--fast`: as fast as the socket takes it); WER of the finals, final latency
-  p50/p95 (a final's arrival minus when the audio up to its end was sent), time to first
-  partial;
-- `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm), WER and RTF;
-- `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, greedy, RTF and WER
-  on the same machine (skipped when faster-whisper is not installed).
-WER is on normalized text (case, punctuation, numbers) and pooled over the set.
+The set is the corpus of scripts/corpus.py (built at run time into data/corpus, or
+data/corpus-quick with `--quick`): TTS voices and real recordings under conditions (levels,
+noise, telephone band, 44.1 kHz stereo, long gaps, a long session, abrupt ends, and the
+recordings of the earlier evaluation set). Each clip goes through
+- `stream`: a /v1/listen session on a server in this process, at the file's own sample rate
+  (stereo downmixed by the client), real-time pace in 100 ms chunks (`--fast`: as fast as the
+  socket takes it); final latency p50/p95 (a final's arrival minus when the audio up to its end
+  was sent), time to first partial;
+- `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm) on the file at 16 kHz; word
+  times are its segments' times spread over their words by character count;
+- `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, greedy, with its word
+  timestamps (skipped when faster-whisper is not installed).
+Per condition and overall, for each system: WER (normalized text, pooled), the longest dropped
+passage (the longest run of reference words with no matching hypothesis word after alignment,
+in seconds of speech, timed from the known sentence onsets and ends), words placed inside gaps
+of 5 s or more (0.2 s cut off each gap edge), sentence-onset error p50/p95 (|hypothesis start of
+a sentence's matched first word - its known onset|); and for streaming the latencies.
 
-    scripts/dev.sh run python scripts/evaluate.py [--parallel 1] [--fast] [--json out.json]
+    scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
+        [--conditions level-30 ...] [--skip stream offline fw-int8] [--json out.json] [--doc]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import datetime
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,114 +38,155 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
 import torch
+from websockets.asyncio.client import connect
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-from app.replay import percentile, replay_session  # noqa: E402
-from app.server import Server  # noqa: E402
-from audio.io import SAMPLE_RATE, load_audio  # noqa: E402
+from app.replay import percentile  # noqa: E402
+from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
-from scripts.wer import word_errors  # noqa: E402
-from tests.helpers import ARCTIC_IDS, CARDS, bundle, concatenated, librivox_path  # noqa: E402
+from scripts.corpus import DEFAULT_DIR, Score, load_index, score  # noqa: E402
+from scripts.corpus import summary as corpus_summary  # noqa: E402
+from tests.helpers import bundle  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
 
-# Passages for espeak-ng (written for this set; plain words, no numbers or names to spell).
-PASSAGES = {
-    "espeak-harbour": (
-        "The harbour was quiet in the early morning. A few boats rocked gently against the "
-        "wooden pier, and the smell of salt and tar hung in the cold air. An old fisherman "
-        "sat on an upturned crate, mending a net with slow and careful hands. He had done "
-        "this work for most of his life, and he did not need to look at the knots any more."),
-    "espeak-library": (
-        "The library opens at nine and closes at six on weekdays. Visitors may borrow up to "
-        "five books at a time, and each loan lasts three weeks. Please return books to the "
-        "desk near the main entrance. Quiet study rooms can be booked at the front counter, "
-        "and the reading room on the second floor is open to everyone."),
-    "espeak-weather": (
-        "Tomorrow will start cloudy with a chance of light rain in the north. By the "
-        "afternoon the clouds should clear from the west, and temperatures will rise to "
-        "around twenty degrees. The wind will be light, turning stronger near the coast in "
-        "the evening. The weekend looks dry and bright across most of the country."),
-}
+SYSTEMS = ["stream", "offline", "fw-int8"]
+Words = list[tuple[float, float, str]]  # (start s, end s, text)
 
 
 @dataclass
-class Recording:
+class Clip:
     name: str
-    samples: np.ndarray  # (n,) float32 16 kHz
-    reference: str
+    condition: str
+    path: Path
+    manifest: dict
 
     @property
     def seconds(self) -> float:
-        return self.samples.size / SAMPLE_RATE
+        return self.manifest["duration"]
+
+    @property
+    def speech_seconds(self) -> float:
+        return sum(s["end"] - s["onset"] for s in self.manifest["sentences"])
+
+    def mono16k(self) -> np.ndarray:
+        return load_audio(self.path).numpy()
 
 
 @dataclass
-class Row:
-    recording: Recording
-    errors: dict[str, tuple[int, int]] = field(default_factory=dict)  # system -> (errors, words)
+class Result:
+    clip: Clip
+    scores: dict[str, Score] = field(default_factory=dict)  # system -> score
+    words: dict[str, Words] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # system -> compute (wall) seconds
     latencies: list[float] = field(default_factory=list)
     first_partial_s: float | None = None
-    texts: dict[str, str] = field(default_factory=dict)  # system -> transcript
+    errors: list[str] = field(default_factory=list)  # server Error codes
+
+    def add(self, system: str, words: Words, seconds: float) -> None:
+        self.words[system], self.seconds[system] = words, seconds
+        self.scores[system] = score(self.clip.manifest, words)
 
 
-def espeak(text: str, folder: Path, name: str) -> np.ndarray:
-    path = folder / f"{name}.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], check=True)
-    return load_audio(path).numpy()
-
-
-def recordings() -> list[Recording]:
-    paths = [librivox_path(c) for c in ARCTIC_IDS]
-    samples, reference = concatenated(paths, gap_seconds=0.8)
-    out = [Recording("austen-once", samples.numpy(), reference)]  # each passage once
-    for i, order in enumerate(([0, 1, 2, 3, 4, 4, 3, 2, 1, 0, 2, 0, 4, 1, 3],
-                               [3, 1, 4, 0, 2, 1, 3, 0, 4, 2])):
-        samples, reference = concatenated([paths[j] for j in order], gap_seconds=0.8)
-        out.append(Recording(f"austen-{i + 1}", samples.numpy(), reference))
-    samples, reference = concatenated(sorted(CARDS.glob("*.wav")), gap_seconds=1.0)
-    out.append(Recording("cards", samples.numpy(), reference))
-    with tempfile.TemporaryDirectory() as folder:
-        for name, text in PASSAGES.items():
-            out.append(Recording(name, espeak(text, Path(folder), name), text))
+def load_clips(folder: Path, quick: bool, seed: int, rebuild: bool, conditions: list[str]) -> list[Clip]:
+    index = load_index(folder, seed, quick, rebuild)
+    out = []
+    for entry in index["clips"]:
+        if conditions and entry["condition"] not in conditions:
+            continue
+        manifest = json.loads((folder / entry["manifest"]).read_text())
+        out.append(Clip(entry["name"], entry["condition"], folder / manifest["file"], manifest))
     return out
 
 
-async def stream_all(rows: list[Row], parallel: int, fast: bool, config: EngineConfig) -> None:
+# ---------------------------------------------------------------------------------------------
+# The systems
+
+
+async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int = 100) -> None:
+    """One /v1/listen session at the file's rate; finals' words, latencies, first partial."""
+    data, rate = sf.read(str(result.clip.path), dtype="float32", always_2d=True)
+    pcm = float_to_pcm16(data.mean(axis=1))  # the client downmixes: /v1/listen takes mono
+    step = rate * chunk_ms // 1000 * 2  # bytes
+    sent_ms: list[int] = []  # audio ms sent ...
+    sent_at: list[float] = []  # ... and when
+    words: Words = []
+    query = f"?sample_rate={rate}&encoding=linear16"
+    async with connect(base_url + query, max_size=None, ping_timeout=None) as ws:
+        start = time.monotonic()
+
+        async def read() -> None:
+            async for raw in ws:
+                m, now = json.loads(raw), time.monotonic()
+                if m["type"] == "Error":
+                    result.errors.append(m["code"])
+                if m["type"] != "Results":
+                    continue
+                if result.first_partial_s is None and m["text"]:
+                    result.first_partial_s = now - start
+                if m["is_final"] and m["words"]:
+                    words.extend((w["start_ms"] / 1000, w["end_ms"] / 1000, w["word"]) for w in m["words"])
+                    i = bisect.bisect_left(sent_ms, m["end_ms"])
+                    if i < len(sent_at):
+                        result.latencies.append(now - sent_at[i])
+
+        reader = asyncio.create_task(read())
+        for i in range(0, len(pcm), step):
+            if not fast:
+                await asyncio.sleep(max(0.0, start + i / 2 / rate - time.monotonic()))
+            await ws.send(pcm[i : i + step])
+            sent_ms.append(min(i + step, len(pcm)) * 1000 // (2 * rate))
+            sent_at.append(time.monotonic())
+        await ws.send(json.dumps({"type": "CloseStream"}))
+        await reader
+    result.add("stream", words, time.monotonic() - start)
+
+
+async def stream_all(results: list[Result], parallel: int, fast: bool, config: EngineConfig) -> None:
     gate = asyncio.Semaphore(parallel)
 
-    async def one(server: Server, row: Row) -> None:
+    async def one(server_url: str, result: Result) -> None:
         async with gate:
-            report = await replay_session(url(server, "/v1/listen"), row.recording.name,
-                                          row.recording.samples, chunk_ms=100, fast=fast)
-        if report.errors:
-            raise RuntimeError(f"{row.recording.name}: server errors {report.errors}")
-        row.errors["stream"] = word_errors(row.recording.reference, report.text)
-        row.texts["stream"] = report.text
-        row.seconds["stream"] = report.wall_seconds
-        row.latencies, row.first_partial_s = report.final_latencies, report.first_partial_s
+            await stream_clip(server_url, result, fast)
+        if result.errors:
+            raise RuntimeError(f"{result.clip.name}: server errors {result.errors}")
 
     folder = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
+    longest_first = sorted(results, key=lambda r: -r.clip.seconds)  # the long session sets the pace
     async with running_server(folder, config, max_sessions=max(16, parallel)) as server:
-        await asyncio.gather(*(one(server, row) for row in rows))
+        await asyncio.gather(*(one(url(server, "/v1/listen"), r) for r in longest_first))
 
 
-def offline_all(rows: list[Row]) -> None:
+def spread_words(segments: list[tuple[float, float, str]]) -> Words:
+    """Segments -> words, each segment's time spread over its words by character count."""
+    out: Words = []
+    for start, end, text in segments:
+        words = text.split()
+        total, t = sum(len(w) for w in words), start
+        for w in words:
+            span = (end - start) * len(w) / total
+            out.append((t, t + span, w))
+            t += span
+    return out
+
+
+def offline_all(results: list[Result]) -> None:
     model = bundle()  # the streaming server's model too
-    transcribe(model, torch.from_numpy(rows[0].recording.samples[: SAMPLE_RATE * 3]))  # warm-up
-    for row in rows:
+    transcribe(model, torch.from_numpy(results[0].clip.mono16k()[: SAMPLE_RATE * 3]))  # warm-up
+    for result in results:
+        samples = torch.from_numpy(result.clip.mono16k())
         start = time.perf_counter()
-        text = transcribe(model, torch.from_numpy(row.recording.samples)).text
-        row.seconds["offline"] = time.perf_counter() - start
-        row.errors["offline"] = word_errors(row.recording.reference, text)
-        row.texts["offline"] = text
+        segments = transcribe(model, samples).segments
+        words = spread_words([(s.start, s.end, s.text) for s in segments])
+        result.add("offline", words, time.perf_counter() - start)
 
 
-def faster_whisper_all(rows: list[Row], threads: int) -> bool:
+def faster_whisper_all(results: list[Result], threads: int) -> bool:
     try:
         from faster_whisper import WhisperModel
     except ImportError:
@@ -145,60 +195,149 @@ def faster_whisper_all(rows: list[Row], threads: int) -> bool:
     model = WhisperModel(str(default_model_path()), device="cpu", compute_type="int8",
                          cpu_threads=threads)
 
-    def run(samples: np.ndarray) -> str:
-        segments, _ = model.transcribe(samples, language="en", beam_size=1, vad_filter=False)
-        return " ".join(s.text for s in segments)  # a generator: decoding happens here
+    def run(samples: np.ndarray) -> Words:
+        segments, _ = model.transcribe(samples, language="en", beam_size=1, vad_filter=False,
+                                       word_timestamps=True)
+        return [(w.start, w.end, w.word) for s in segments for w in s.words or []]  # decodes here
 
-    run(rows[0].recording.samples[: SAMPLE_RATE * 3])  # warm-up
-    for row in rows:
+    run(results[0].clip.mono16k()[: SAMPLE_RATE * 3])  # warm-up
+    for result in results:
+        samples = result.clip.mono16k()
         start = time.perf_counter()
-        text = run(row.recording.samples)
-        row.seconds["fw-int8"] = time.perf_counter() - start
-        row.errors["fw-int8"] = word_errors(row.recording.reference, text)
-        row.texts["fw-int8"] = text
+        words = run(samples)
+        result.add("fw-int8", words, time.perf_counter() - start)
     return True
 
 
-def pooled(rows: list[Row], system: str) -> float:
-    errors = sum(r.errors[system][0] for r in rows if system in r.errors)
-    words = sum(r.errors[system][1] for r in rows if system in r.errors)
-    return errors / max(words, 1)
+# ---------------------------------------------------------------------------------------------
+# Report
 
 
-def table(rows: list[Row], systems: list[str]) -> str:
-    head = f"{'recording':<16} {'audio s':>7}" + "".join(f" {'WER ' + s:>13}" for s in systems)
-    head += f" {'final p50':>9} {'p95':>6} {'1st partial':>11}" + "".join(
-        f" {'RTF ' + s:>12}" for s in systems if s != "stream")
-    lines = [head]
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(["\n".join(lines)] + ["| " + " | ".join(r) + " |" for r in rows])
 
-    def fmt_rtf(seconds: float | None, audio: float) -> str:
-        return f" {seconds / audio:12.3f}" if seconds is not None else f" {'-':>12}"
 
-    for row in rows:
-        rec = row.recording
-        line = f"{rec.name:<16} {rec.seconds:7.1f}"
-        for s in systems:
-            e, n = row.errors.get(s, (0, 0))
-            line += f" {e / max(n, 1):13.1%}" if s in row.errors else f" {'-':>13}"
-        first = f"{row.first_partial_s:.2f}" if row.first_partial_s is not None else "-"
-        line += (f" {percentile(row.latencies, 0.5):9.2f} {percentile(row.latencies, 0.95):6.2f}"
-                 f" {first:>11}")
-        line += "".join(fmt_rtf(row.seconds.get(s), rec.seconds) for s in systems if s != "stream")
-        lines.append(line)
-    total = sum(r.recording.seconds for r in rows)
-    latencies = [x for r in rows for x in r.latencies]
-    line = f"{'ALL (pooled)':<16} {total:7.1f}" + "".join(f" {pooled(rows, s):13.1%}" for s in systems)
-    line += f" {percentile(latencies, 0.5):9.2f} {percentile(latencies, 0.95):6.2f} {'':>11}"
-    for s in systems:
-        if s != "stream":
-            spent = [r.seconds[s] for r in rows if s in r.seconds]
-            line += fmt_rtf(sum(spent), total) if spent else f" {'-':>12}"
-    lines.append(line)
-    return "\n".join(lines)
+def groups(results: list[Result]) -> list[tuple[str, list[Result]]]:
+    by: dict[str, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.clip.condition, []).append(r)
+    return [*by.items(), ("all", results)]
+
+
+def has_long_gaps(results: list[Result]) -> bool:
+    return any(g["end"] - g["start"] >= 5.0 for r in results for g in r.clip.manifest["gaps"])
+
+
+def per_system(results: list[Result], systems: list[str], cell) -> str:
+    """One cell: `cell(scores of a system)` for each system, joined by ' / '."""
+    return " / ".join(cell([r.scores[s] for r in results if s in r.scores]) for s in systems)
+
+
+def words_table(results: list[Result], systems: list[str]) -> str:
+    joined = " / ".join(systems)
+    header = ["condition", "clips", "audio min", "speech min", *(f"WER {s}" for s in systems),
+              f"longest drop s ({joined})", f"words in gaps, inserted ones in brackets ({joined})"]
+    rows = []
+    for name, group in groups(results):
+        wers = [sum(r.scores[s].errors for r in group) / max(1, sum(r.scores[s].words for r in group))
+                for s in systems]
+        drop = per_system(group, systems, lambda sc: f"{max(x.drop_s for x in sc):.1f}")
+        gaps = per_system(group, systems, lambda sc: f"{sum(x.gap_words for x in sc)} "
+                          f"({sum(x.gap_inserted for x in sc)})")
+        rows.append([name, str(len(group)), f"{sum(r.clip.seconds for r in group) / 60:.1f}",
+                     f"{sum(r.clip.speech_seconds for r in group) / 60:.1f}",
+                     *(f"{w:.1%}" for w in wers), drop, gaps if has_long_gaps(group) else "-"])
+    return markdown(header, rows)
+
+
+def timing_table(results: list[Result], systems: list[str]) -> str:
+    def onsets(scores: list[Score]) -> str:
+        errors = [e for x in scores for e in x.onset_errors]
+        return f"{percentile(errors, 0.5):.2f} / {percentile(errors, 0.95):.2f}"
+
+    batch = [s for s in systems if s != "stream"]
+    header = ["condition", *(f"onset error p50 / p95 s {s}" for s in systems)]
+    if "stream" in systems:
+        header += ["final p50 / p95 s", "1st partial s (median)"]
+    header += [f"RTF {' / '.join(batch)}"] if batch else []
+    rows = []
+    for name, group in groups(results):
+        row = [name, *(per_system(group, [s], onsets) for s in systems)]
+        if "stream" in systems:
+            latencies = [x for r in group for x in r.latencies]
+            firsts = [r.first_partial_s for r in group if r.first_partial_s is not None]
+            row += [f"{percentile(latencies, 0.5):.2f} / {percentile(latencies, 0.95):.2f}",
+                    f"{statistics.median(firsts):.2f}" if firsts else "-"]
+        audio = sum(r.clip.seconds for r in group)
+        row += [" / ".join(f"{sum(r.seconds[s] for r in group) / audio:.3f}" for s in batch)] if batch else []
+        rows.append(row)
+    return markdown(header, rows)
+
+
+def report(results: list[Result], systems: list[str], settings: str) -> str:
+    clips = {"clips": [{"condition": r.clip.condition, "duration": r.clip.seconds,
+                        "speech": r.clip.speech_seconds} for r in results]}
+    return (f"{settings}\n\nCorpus:\n\n```\n{corpus_summary(clips)}\n```\n\n"
+            f"Words:\n\n{words_table(results, systems)}\n\n"
+            f"Timing:\n\n{timing_table(results, systems)}\n")
+
+
+BEGIN, END = "<!-- evaluate.py --doc: begin -->", "<!-- evaluate.py --doc: end -->"
+
+
+def write_doc(path: Path, block: str) -> None:
+    """Replace the text between the markers of `path` (create it if missing) with `block`."""
+    text = path.read_text() if path.is_file() else f"# Voxtide evaluation\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(f"{head}{BEGIN}\n{block}{END}{rest.split(END, 1)[1]}")
+
+
+def provenance(argv: list[str]) -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(
+        ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "?")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "app", "audio", "engine"],
+                           capture_output=True, text=True, cwd=ROOT).stdout.split()[1::2]
+    return (f"{datetime.date.today()}, {cpu}, {torch.get_num_threads()} torch threads, commit {commit}"
+            + (f" with uncommitted changes to {', '.join(dirty)}" if dirty else "")
+            + f"; `{' '.join(['scripts/dev.sh run python scripts/evaluate.py', *argv])}`")
+
+
+def to_json(results: list[Result]) -> list[dict]:
+    return [{"clip": r.clip.name, "condition": r.clip.condition, "audio_s": r.clip.seconds,
+             "scores": {s: vars(x) for s, x in r.scores.items()}, "seconds": r.seconds,
+             "texts": {s: " ".join(w for _, _, w in words) for s, words in r.words.items()},
+             "words": r.words, "latencies": r.latencies, "first_partial_s": r.first_partial_s}
+            for r in results]
+
+
+def run_systems(args: argparse.Namespace, results: list[Result]) -> list[str]:
+    systems = []
+    if "stream" not in args.skip:
+        config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
+                              preview_pad_seconds=args.preview_pad_seconds or None,
+                              worker_process=True)  # as `voxtide serve`
+        asyncio.run(stream_all(results, args.parallel, args.fast, config))
+        systems.append("stream")
+    if "offline" not in args.skip:
+        offline_all(results)
+        systems.append("offline")
+    if "fw-int8" not in args.skip and faster_whisper_all(results, args.threads):
+        systems.append("fw-int8")
+    return systems
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the quick corpus (a few minutes)")
+    parser.add_argument("--corpus", type=Path, default=None, help="default: data/corpus(-quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rebuild", action="store_true", help="build the corpus anew")
+    parser.add_argument("--conditions", nargs="*", default=[], help="only these conditions")
     parser.add_argument("--parallel", type=int, default=1, help="streaming sessions at once")
     parser.add_argument("--fast", action="store_true", help="stream as fast as possible")
     parser.add_argument("--pad-seconds", type=int, default=None)
@@ -206,33 +345,23 @@ def main() -> int:
                         help="0: partials decode the whole window")
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms, help="0: off")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["stream", "offline", "fw-int8"])
-    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--skip", nargs="*", default=[], choices=SYSTEMS)
+    parser.add_argument("--json", default=None, help="write the figures and transcripts here")
+    parser.add_argument("--doc", action="store_true", help="write the tables to docs/evaluation.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [Row(r) for r in recordings()]
-    systems = []
-    if "stream" not in args.skip:
-        config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
-                              preview_pad_seconds=args.preview_pad_seconds or None,
-                              worker_process=True)  # as `voxtide serve`
-        asyncio.run(stream_all(rows, args.parallel, args.fast, config))
-        systems.append("stream")
-    if "offline" not in args.skip:
-        offline_all(rows)
-        systems.append("offline")
-    if "fw-int8" not in args.skip and faster_whisper_all(rows, args.threads):
-        systems.append("fw-int8")
-    mode = "fast" if args.fast else "real time"
-    print(f"streaming: {mode}, {args.parallel} at once, 100 ms chunks, endpoint {args.endpoint_ms} ms, "
-          f"pad {args.pad_seconds}, preview pad {args.preview_pad_seconds}; {args.threads} threads")
-    print(table(rows, systems))
+    folder = args.corpus or DEFAULT_DIR.with_name("corpus-quick" if args.quick else "corpus")
+    results = [Result(c) for c in load_clips(folder, args.quick, args.seed, args.rebuild, args.conditions)]
+    systems = run_systems(args, results)
+    settings = (f"Streaming: {'fast' if args.fast else 'real time'}, {args.parallel} at once, 100 ms "
+                f"chunks, endpoint {args.endpoint_ms} ms, pad {args.pad_seconds}, preview pad "
+                f"{args.preview_pad_seconds}. Run: {provenance(sys.argv[1:])}.")
+    text = report(results, systems, settings)
+    print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps([{
-            "recording": r.recording.name, "audio_s": round(r.recording.seconds, 2),
-            "errors": r.errors, "seconds": r.seconds, "latencies": r.latencies,
-            "first_partial_s": r.first_partial_s, "reference": r.recording.reference,
-            "texts": r.texts} for r in rows], indent=1))
+        Path(args.json).write_text(json.dumps(to_json(results), indent=1))
+    if args.doc:
+        write_doc(ROOT / "docs" / "evaluation.md", text)
     return 0
 
 

@@ -1,0 +1,206 @@
+"""The evaluation corpus (scripts/corpus.py): a quick build's files agree with their manifests,
+and the fidelity metrics give the right numbers on hand-made transcripts. No model runs here."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from scripts import corpus
+from scripts.corpus import TimedWord, align, longest_drop, onset_errors, score, words_in_gaps
+from scripts.wer import edit_distance
+
+CONDITIONS = {"level-0", "level-20", "level-30", "pink-snr20", "pink-snr10", "white-snr20",
+              "white-snr10", "telephone-8k", "stereo-44k", "gaps-silence", "gaps-noise",
+              "long-session", "end-abrupt", "previous-set"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("corpus")
+    index = json.loads(corpus.build(folder, seed=0, quick=True).read_text())
+    return folder, index
+
+
+def clips(built) -> list[tuple[dict, np.ndarray, int]]:
+    """-> (manifest, audio (n, channels), rate) of every clip."""
+    folder, index = built
+    out = []
+    for entry in index["clips"]:
+        manifest = json.loads((folder / entry["manifest"]).read_text())
+        audio, rate = sf.read(str(folder / manifest["file"]), dtype="float64", always_2d=True)
+        out.append((manifest, audio, rate))
+    return out
+
+
+def by_name(built) -> dict[str, tuple[dict, np.ndarray, int]]:
+    return {m["name"]: (m, a, r) for m, a, r in clips(built)}
+
+
+def level_db(audio: np.ndarray, rate: int, start: float, end: float) -> float:
+    piece = audio[int(start * rate) : int(end * rate)]
+    return float(10 * np.log10(np.mean(piece**2) + 1e-20))
+
+
+def test_the_quick_corpus_has_every_condition_and_minutes_of_speech(built):
+    _, index = built
+    assert {c["condition"] for c in index["clips"]} == CONDITIONS
+    speech = sum(c["speech"] for c in index["clips"])
+    assert 120 < speech < 600, speech
+
+
+def test_sentences_and_gaps_tile_each_file_in_order(built):
+    for manifest, audio, rate in clips(built):
+        assert rate == manifest["sample_rate"] and audio.shape[1] == manifest["channels"]
+        assert abs(audio.shape[0] / rate - manifest["duration"]) < 1e-3
+        spans = sorted([(s["onset"], s["end"]) for s in manifest["sentences"]]
+                       + [(g["start"], g["end"]) for g in manifest["gaps"]])
+        assert spans[0][0] == 0 and abs(spans[-1][1] - manifest["duration"]) < 1e-3, manifest["name"]
+        for (a0, a1), (b0, _) in zip(spans, spans[1:], strict=False):
+            assert a0 < a1 and abs(a1 - b0) < 1e-3, (manifest["name"], a1, b0)  # no overlap, no hole
+        onsets = [s["onset"] for s in manifest["sentences"]]
+        assert onsets == sorted(onsets) and all(s["text"] for s in manifest["sentences"])
+
+
+def test_gaps_hold_silence_or_the_declared_noise_and_sentences_hold_speech(built):
+    for manifest, audio, rate in clips(built):
+        mono = audio[:, 0]
+        noise = [g for g in manifest["gaps"] if g["kind"] == "noise" and g["end"] - g["start"] > 0.3]
+        for g in manifest["gaps"]:
+            if g["kind"] == "silence" and g["end"] - g["start"] > 0.1:
+                assert level_db(mono, rate, g["start"] + 0.05, g["end"] - 0.05) < -80, (manifest["name"], g)
+        if noise:  # pooled over the gaps: short stretches of pink noise vary
+            pooled = np.concatenate([mono[int((g["start"] + 0.05) * rate) : int((g["end"] - 0.05) * rate)]
+                                     for g in noise])
+            assert abs(10 * np.log10(np.mean(pooled**2)) - noise[0]["noise_dbfs"]) < 1.5, manifest["name"]
+        for s in manifest["sentences"]:
+            speech = manifest["speech_dbfs"]
+            assert level_db(mono, rate, s["onset"], s["end"]) > speech - 8, (manifest["name"], s)
+            assert level_db(mono, rate, s["onset"], s["onset"] + 0.1) > speech - 25, (manifest["name"], s)
+
+
+def test_levels_noise_rates_and_channels_are_as_the_condition_says(built):
+    clip = by_name(built)
+
+    def speech_db(name: str, channel: int = 0) -> float:
+        m, a, r = clip[name]
+        return float(10 * np.log10(np.mean(np.concatenate(
+            [a[int(s["onset"] * r) : int(s["end"] * r), channel] for s in m["sentences"]]) ** 2)))
+
+    assert abs(speech_db("level-0") - corpus.SPEECH_DBFS) < 2
+    for name, db in (("level-20", -20), ("level-30", -30)):
+        assert clip[name][0]["gain_db"] == db and abs(speech_db(name) - speech_db("level-0") - db) < 0.1
+    for name, snr in (("pink-snr20", 20), ("pink-snr10", 10), ("white-snr10", 10)):
+        assert clip[name][0]["noise"]["snr_db"] == snr
+        assert clip[name][0]["noise"]["dbfs"] == clip[name][0]["speech_dbfs"] - snr
+    assert clip["gaps-noise"][0]["noise"]["dbfs"] == -60
+    m, a, r = clip["telephone-8k"]
+    assert (r, a.shape[1]) == (8000, 1)
+    spectrum = np.abs(np.fft.rfft(a[:, 0])) ** 2
+    f = np.fft.rfftfreq(a.shape[0], 1 / r)
+    assert spectrum[(f < 150) | (f > 3800)].sum() < 1e-3 * spectrum.sum()
+    m, a, r = clip["stereo-44k"]
+    assert (r, a.shape[1]) == (44100, 2)
+    assert abs(speech_db("stereo-44k", 1) - speech_db("stereo-44k", 0) + 2) < 0.1
+    assert abs(speech_db("stereo-44k") - speech_db("level-0")) < 0.2
+    others = [(r, a.shape[1]) for m, a, r in clips(built)
+              if m["condition"] not in ("telephone-8k", "stereo-44k")]
+    assert set(others) == {(16000, 1)}
+
+
+def test_long_gaps_abrupt_ends_and_the_long_session(built):
+    clip = by_name(built)
+    for name, kind in (("gaps-silence", "silence"), ("gaps-noise", "noise")):
+        long = [g["end"] - g["start"] for g in clip[name][0]["gaps"] if g["end"] - g["start"] >= 5]
+        assert len(long) >= 2 and max(long) <= 60
+        assert {g["kind"] for g in clip[name][0]["gaps"]} == {kind}
+    ends = [m for m, _, _ in clips(built) if m["condition"] == "end-abrupt"]
+    assert ends and all(m["duration"] - m["sentences"][-1]["end"] <= 0.05 for m in ends)
+    long = clip["long-session"][0]
+    pauses = [b["onset"] - a["end"] for a, b in zip(long["sentences"], long["sentences"][1:], strict=False)]
+    assert all(abs(p - 1.5) < 1e-3 for p in pauses)
+    assert len({s["speaker"] for s in long["sentences"]}) >= 3
+
+
+def test_the_build_is_deterministic(built):
+    folder, _ = built
+    again = corpus.gap_clip("gaps-silence", 0, True, 6, [5.0, 8.0])
+    saved = json.loads((folder / "gaps-silence.json").read_text())
+    assert corpus.manifest(again, "gaps-silence.wav") == saved
+    audio, _ = sf.read(str(folder / "gaps-silence.wav"), dtype="float32")
+    assert np.abs(audio - again.audio).max() < 1 / 32767
+
+
+# ---------------------------------------------------------------------------------------------
+# The metrics on hand-made transcripts
+
+
+def timed(words: str, start: float, step: float = 0.5, sentence: int = -1) -> list[TimedWord]:
+    return [TimedWord(w, start + i * step, start + (i + 1) * step, sentence)
+            for i, w in enumerate(words.split())]
+
+
+def test_align_matches_equal_words_and_counts_edits():
+    distance, matches = align("a b c d".split(), "a x c".split())
+    assert distance == 2 and matches == [0, None, 2, None]
+    distance, matches = align("a b c".split(), "z a b y c".split())
+    assert distance == 2 and matches == [1, 2, 4]
+    assert align([], ["a"]) == (1, []) and align(["a"], []) == (1, [None])
+    rng = random.Random(0)
+    for _ in range(200):  # the distance is the plain edit distance
+        ref = [rng.choice("abcd") for _ in range(rng.randrange(0, 12))]
+        hyp = [rng.choice("abcd") for _ in range(rng.randrange(0, 12))]
+        distance, matches = align(ref, hyp)
+        assert distance == edit_distance(ref, hyp)
+        found = [m for m in matches if m is not None]
+        assert found == sorted(set(found))
+        assert all(ref[i] == hyp[m] for i, m in enumerate(matches) if m is not None)
+
+
+def test_longest_drop_is_the_longest_run_of_missing_words_in_speech_seconds():
+    ref = timed("one two three four five six", 0.0) + timed("seven eight nine", 20.0, sentence=1)
+    hyp = "one three seven".split()  # 'two' (0.5 s); then 'four five six' + 'eight nine' (2.5 s)
+    _, matches = align([w.word for w in ref], hyp)
+    assert longest_drop(ref, matches) == (1.5, 3)  # four five six: 1.5 s; eight nine: 1.0 s
+    _, matches = align([w.word for w in ref], "one two three four five eight nine".split())
+    assert longest_drop(ref, matches) == (1.0, 2)  # six seven: the 17 s pause between not counted
+    _, matches = align([w.word for w in ref], [w.word for w in ref])
+    assert longest_drop(ref, matches) == (0.0, 0)
+
+
+def test_words_in_gaps_count_only_words_inside_long_gaps_less_the_edges():
+    gaps = [{"start": 10.0, "end": 20.0}, {"start": 3.0, "end": 4.0}]
+    words = [TimedWord("in", 12.0, 12.5), TimedWord("edge", 9.9, 10.3), TimedWord("near", 10.25, 10.6),
+             TimedWord("late", 19.7, 19.85), TimedWord("short", 3.2, 3.5), TimedWord("out", 25, 26)]
+    assert words_in_gaps(words, gaps) == [0, 2]  # 'in' and 'near'
+
+
+def test_onset_errors_time_each_found_first_word():
+    ref = timed("hello there", 1.0, sentence=0) + timed("second one", 5.0, sentence=1) \
+        + timed("third time", 9.0, sentence=2)
+    hyp = timed("hello there", 1.3) + timed("one", 5.5) + timed("third time", 8.8)
+    _, matches = align([w.word for w in ref], [w.word for w in hyp])
+    assert onset_errors(ref, matches, hyp) == [0.3, 0.2]  # 'second' missing: no onset
+
+
+def test_score_on_a_hand_made_manifest():
+    manifest = {"sentences": [{"text": "The cat sat on the mat.", "onset": 1.0, "end": 2.8},
+                              {"text": "Mr. Smith went to 10 shops today.", "onset": 12.0, "end": 14.0}],
+                "gaps": [{"start": 0.0, "end": 1.0}, {"start": 2.8, "end": 12.0},
+                         {"start": 14.0, "end": 15.0}]}
+    words = [(1.1, 1.3, "The"), (1.3, 1.6, "cat"), (1.6, 1.9, "sat"), (1.9, 2.1, "on"), (2.1, 2.3, "the"),
+             (2.3, 2.8, "mat."), (6.0, 6.5, "Thank"), (6.5, 7.0, "you."),
+             (13.0, 13.4, "to"), (13.4, 13.8, "ten"), (13.8, 14.0, "shops")]
+    result = score(manifest, words)
+    assert (result.errors, result.words) == (4, 13)  # thank you for mister smith; went, today deleted
+    assert result.drop_words == 3 and result.gap_words == 2 and result.gap_inserted == 2
+    assert result.onset_errors == [0.1]  # the second sentence's first word is missing
+    assert result.drop_s == pytest.approx(1.0)  # 'mister smith went': 15 of 30 characters of 2 s
+    words[5] = (8.0, 8.5, "mat.")  # a found word placed in the gap: in it, but not inserted
+    result = score(manifest, words)
+    assert (result.errors, result.gap_words, result.gap_inserted) == (4, 3, 2)
