@@ -28,7 +28,7 @@ from websockets.asyncio.server import ServerConnection
 from app.session import ServerContext, Session, new_id, text_of, words_json
 from audio.io import AudioError, check_stream_rate, pcm_to_float
 from audio.stream import StreamResampler
-from audio.vad import EnergyVad, VadEvent
+from audio.vad import TurnDetector, VadEvent
 from engine.engine import EngineOutput
 from engine.words import Word
 
@@ -55,7 +55,7 @@ class RealtimeSession(Session):
         super().__init__(ws, ctx, rate)
         self.transcription: dict[str, Any] = {"model": ctx.model_name, "prompt": "", "language": "en"}
         self.turn_detection: dict[str, Any] | None = dict(DEFAULT_TURN_DETECTION)
-        self.vad: EnergyVad | None = self._make_vad()
+        self.vad: TurnDetector | None = self._make_vad()
         self.items: list[Item] = []  # open items (not completed), oldest first
         self.current: Item | None = None  # the item audio is being appended to
         self.last_item_id: str | None = None  # the last committed item
@@ -192,11 +192,11 @@ class RealtimeSession(Session):
             raise ValueError(f"format.rate must be an integer, got {rate!r}")
         return check_stream_rate(rate)
 
-    def _make_vad(self) -> EnergyVad | None:
+    def _make_vad(self) -> TurnDetector | None:
         td = self.turn_detection
         if td is None:
             return None
-        return EnergyVad(float(td.get("threshold", 0.5)), int(td.get("silence_duration_ms", 500)))
+        return TurnDetector(float(td.get("threshold", 0.5)), int(td.get("silence_duration_ms", 500)))
 
     async def _append(self, event: dict[str, Any]) -> None:
         audio = event.get("audio")

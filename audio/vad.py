@@ -1,16 +1,47 @@
-"""Energy voice-activity detection for turn detection (OpenAI Realtime `server_vad`).
+"""Voice-activity detection with Silero VAD (the `silero-vad` package, which ships its weights).
 
-Frames of 20 ms at 16 kHz are speech when their RMS level is above a threshold. Speech
-starts at the first speech frame; it stops once `silence_ms` of non-speech follow it.
+Silero's network gives a speech probability for each 32 ms chunk (512 samples at 16 kHz),
+from the chunk, the 64 samples before it and a recurrent state. It does not depend on the
+level of the audio the way an energy threshold does: quiet speech is speech, and steady
+noise is not. One network serves every stream of the process; each stream keeps its own
+state (`SpeechDetector`).
+
+`TurnDetector` turns the probabilities into speech started / stopped events, as Silero's
+own `get_speech_timestamps` does: speech starts at a chunk over `threshold`, and stops once
+`silence_ms` of chunks under `threshold - 0.15` follow it.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from dataclasses import dataclass
+from importlib import resources
 
 import numpy as np
+import torch
 
-FRAME_SAMPLES = 320  # 20 ms at 16 kHz
+CHUNK_SAMPLES = 512  # 32 ms at 16 kHz: Silero's frame
+CONTEXT_SAMPLES = 64  # samples before each chunk that the network also reads
+CHUNK_MS = 32
+NEG_THRESHOLD_OFFSET = 0.15  # speech continues while over threshold - this (Silero's hysteresis)
+
+_model: torch.jit.ScriptModule | None = None
+_model_lock = threading.Lock()
+
+
+def speech_model() -> torch.jit.ScriptModule:
+    """Silero's 16 kHz network, loaded once per process from the package's data."""
+    global _model
+    with _model_lock:
+        if _model is None:
+            path = resources.files("silero_vad.data") / "silero_vad.jit"
+            with resources.as_file(path) as file, warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.load's notice
+                wrapper = torch.jit.load(str(file), map_location="cpu")
+            _model = wrapper._model  # the 16 kHz network: (chunk with context, state) in
+            _model.eval()
+    return _model
 
 
 def level_db(samples: np.ndarray, axis: int | None = None) -> np.ndarray | float:
@@ -19,9 +50,31 @@ def level_db(samples: np.ndarray, axis: int | None = None) -> np.ndarray | float
     return 10.0 * np.log10(power + 1e-12)
 
 
-def threshold_db(threshold: float) -> float:
-    """OpenAI's `threshold` (0..1, default 0.5) -> an RMS level in dBFS (0.5 -> -45 dB)."""
-    return -70.0 + 50.0 * min(max(threshold, 0.0), 1.0)
+class SpeechDetector:
+    """One stream's speech probabilities: 16 kHz samples in, one probability per 32 ms chunk."""
+
+    def __init__(self) -> None:
+        self.model = speech_model()
+        self.state = torch.zeros(2, 1, 128)  # the network's recurrent state
+        self.context = torch.zeros(1, CONTEXT_SAMPLES)
+        self.pending = np.zeros(0, dtype=np.float32)  # samples of the next, incomplete chunk
+        self.num_chunks = 0  # chunks analysed
+
+    @torch.inference_mode()
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        """(n,) float32 16 kHz samples -> (k,) speech probabilities of the chunks they complete."""
+        data = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
+        n = data.size // CHUNK_SAMPLES
+        self.pending = data[n * CHUNK_SAMPLES :]
+        probs = np.empty(n, dtype=np.float32)
+        chunks = torch.from_numpy(data[: n * CHUNK_SAMPLES].reshape(n, 1, CHUNK_SAMPLES))
+        for i in range(n):
+            x = torch.cat([self.context, chunks[i]], dim=1)  # (1, 576)
+            prob, self.state = self.model(x, self.state)
+            self.context = chunks[i][:, -CONTEXT_SAMPLES:]
+            probs[i] = float(prob)
+        self.num_chunks += n
+        return probs
 
 
 @dataclass
@@ -30,35 +83,31 @@ class VadEvent:
     ms: int  # stream time of the event
 
 
-class EnergyVad:
+class TurnDetector:
+    """Speech started / stopped events of one stream (OpenAI Realtime `server_vad`)."""
+
     def __init__(self, threshold: float = 0.5, silence_ms: int = 500):
-        self.level_db = threshold_db(threshold)
-        self.silence_frames = max(1, silence_ms // 20)
-        self.pending = np.zeros(0, dtype=np.float32)
-        self.num_frames = 0  # frames analysed
+        self.detector = SpeechDetector()
+        self.threshold = min(max(threshold, 0.0), 1.0)
+        self.neg_threshold = max(self.threshold - NEG_THRESHOLD_OFFSET, 0.01)
+        self.silence_chunks = max(1, -(-silence_ms // CHUNK_MS))
         self.in_speech = False
-        self.quiet_frames = 0  # non-speech frames since the last speech frame
+        self.quiet_chunks = 0  # chunks under neg_threshold since speech was last heard
 
     def push(self, samples: np.ndarray) -> list[VadEvent]:
-        """(n,) float32 16 kHz samples -> speech start/stop events they complete."""
-        data = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
-        n = data.size // FRAME_SAMPLES
-        self.pending = data[n * FRAME_SAMPLES :]
-        if n == 0:
-            return []
-        level = level_db(data[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES), axis=1)  # (n,) dBFS
+        """(n,) float32 16 kHz samples -> the speech start/stop events they complete."""
+        first = self.detector.num_chunks
         events = []
-        for is_speech in level > self.level_db:
-            if is_speech:
+        for i, prob in enumerate(self.detector.push(samples), start=first):
+            if prob >= self.threshold or (self.in_speech and prob >= self.neg_threshold):
                 if not self.in_speech:
                     self.in_speech = True
-                    events.append(VadEvent("speech_started", self.num_frames * 20))
-                self.quiet_frames = 0
+                    events.append(VadEvent("speech_started", i * CHUNK_MS))
+                self.quiet_chunks = 0
             elif self.in_speech:
-                self.quiet_frames += 1
-                if self.quiet_frames >= self.silence_frames:
+                self.quiet_chunks += 1
+                if self.quiet_chunks >= self.silence_chunks:
                     self.in_speech = False
-                    end = (self.num_frames - self.quiet_frames + 1) * 20
+                    end = (i - self.quiet_chunks + 1) * CHUNK_MS
                     events.append(VadEvent("speech_stopped", end))
-            self.num_frames += 1
         return events

@@ -28,7 +28,9 @@ class EngineConfig:
     preview_pad_seconds: int | None = 10
     # -- endpointing and commits
     endpoint_ms: int | None = 250  # silence after speech that makes the window final (None: off)
-    speech_db: float = -45.0  # an item whose RMS level (dBFS) is above this is speech
+    # an item is speech when Silero VAD gives one of its 32 ms chunks this probability (or,
+    # right after speech, this less 0.15): level-independent, and no words from noise
+    vad_threshold: float = 0.5
     agree_after_ms: int = 8000  # with endpointing: agreement commits only past this much audio
     # -- scheduling
     decode_interval_ms: int = 1000  # new audio between two partial decodes of a session
@@ -64,6 +66,8 @@ class EngineConfig:
         for name in ("encoder_budget_s", "encoder_cache_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 second, got {getattr(self, name)}")
+        if not 0.0 < self.vad_threshold < 1.0:
+            raise ValueError(f"vad_threshold must be between 0 and 1, got {self.vad_threshold}")
         item_positions(self.item_samples)  # a whole number of positions, or ValueError
 
     @property

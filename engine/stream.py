@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from audio.frames import CONTEXT_BEFORE, STREAM_LOG_FLOOR, AudioFramer
-from audio.vad import level_db
+from audio.frames import STREAM_LOG_FLOOR, AudioFramer
+from audio.vad import CHUNK_SAMPLES, NEG_THRESHOLD_OFFSET, SpeechDetector
 from engine import commit
 from engine.config import EngineConfig
 from engine.model_runner import WindowResult
@@ -88,6 +89,10 @@ class Stream:
         self.config = config
         self.request = Request(request_id)
         self.framer = AudioFramer(config.item_samples)
+        self.vad = SpeechDetector()  # fed the timeline's samples, padding included
+        self.speech_probs: deque[float] = deque()  # VAD chunks from `first_chunk` on
+        self.first_chunk = 0
+        self.in_speech = False  # the last item was speech
         self.policy = LocalAgreement()
         self.padding = PaddingMap()
         # window start -> (window end, tokens) of the last decode from there: the draft of the
@@ -114,7 +119,9 @@ class Stream:
         """Append (n,) float32 16 kHz samples."""
         if self.request.input_finished:
             raise ValueError(f"request {self.request_id!r} is finished; no more audio")
-        self._add_items(self.framer.push(np.asarray(samples, np.float32)))
+        samples = np.asarray(samples, np.float32)
+        self.speech_probs.extend(self.vad.push(samples))
+        self._add_items(self.framer.push(samples))
 
     def flush(self) -> None:
         """Decode and commit everything received so far (the session stays open)."""
@@ -130,9 +137,10 @@ class Stream:
 
     def _flush_framer(self) -> None:
         framer = self.framer
-        padded = framer.num_padded
+        padding = -framer.num_samples % framer.item_samples  # what flush() adds
+        self.speech_probs.extend(self.vad.push(np.zeros(padding, np.float32)))
         self._add_items(framer.flush())
-        if framer.num_padded > padded:
+        if padding:
             self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
 
     def _add_items(self, contexts: list[np.ndarray]) -> None:
@@ -141,17 +149,35 @@ class Stream:
             offset = request.num_positions
             request.mm_features.append(MMFeature(item_hash(context, self.key),
                                                  PlaceholderRange(offset, self.item_positions), context))
-            self._track_speech(context)
+            self._track_speech(request.num_items - 1)
 
-    def _track_speech(self, context: np.ndarray) -> None:
+    def _is_speech(self, item: int) -> bool:
+        """Whether the VAD heard speech in the item: a chunk over it at or above the threshold,
+        or, right after speech, at or above the threshold less Silero's hysteresis. (The last
+        chunk of an item may not be analysed yet: it counts for the next one.)"""
+        size = self.config.item_samples
+        start, end = item * size, (item + 1) * size
+        probs = self.speech_probs
+        lo = max(start // CHUNK_SAMPLES - self.first_chunk, 0)
+        hi = min(-(-end // CHUNK_SAMPLES) - self.first_chunk, len(probs))
+        peak = max((probs[j] for j in range(lo, hi)), default=0.0)
+        while probs and (self.first_chunk + 1) * CHUNK_SAMPLES <= end:  # chunks before the next item
+            probs.popleft()
+            self.first_chunk += 1
+        threshold = self.config.vad_threshold
+        if self.in_speech:
+            threshold -= NEG_THRESHOLD_OFFSET
+        self.in_speech = peak >= threshold
+        return self.in_speech
+
+    def _track_speech(self, item: int) -> None:
         """After an item: note where speech last was (the scheduler decodes no silence), and
         mark an endpoint once `endpoint_ms` of silence follow speech (since the last endpoint).
         The window that reaches it ends there and is final: committed whole, one decode of a
         complete utterance with no agreement to wait for."""
         request = self.request
-        core = context[CONTEXT_BEFORE : CONTEXT_BEFORE + self.config.item_samples]
         end = request.num_positions
-        if level_db(core) > self.config.speech_db:
+        if self._is_speech(item):
             request.last_speech_end = end
         elif self.endpoint_positions is None:
             return

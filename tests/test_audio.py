@@ -7,7 +7,7 @@ from audio import AudioError, load_audio, pcm_to_float, resample
 from audio.frames import CONTEXT_AFTER, ITEM_SAMPLES, AudioFramer
 from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
 from audio.stream import StreamResampler
-from audio.vad import EnergyVad
+from audio.vad import SpeechDetector, TurnDetector
 from tests.helpers import audio, librivox_path
 
 
@@ -136,11 +136,12 @@ def test_framer_flush_then_more_audio_stays_aligned():
         np.testing.assert_array_equal(got, want)
 
 
-def test_vad_finds_speech_turns_in_real_recordings():
+@pytest.mark.parametrize("db", [0, -30])
+def test_vad_finds_speech_turns_in_real_recordings_at_any_level(db):
     first, second = audio(librivox_path("0870")), audio(librivox_path("0880"))
     gap = torch.zeros(16000)
-    stream = torch.cat([gap, first, gap, second, gap]).numpy()
-    vad = EnergyVad(silence_ms=500)
+    stream = (torch.cat([gap, first, gap, second, gap]) * 10 ** (db / 20)).numpy()
+    vad = TurnDetector(silence_ms=500)
     events = []
     for i in range(0, stream.size, 1600):
         events += vad.push(stream[i : i + 1600])
@@ -150,3 +151,17 @@ def test_vad_finds_speech_turns_in_real_recordings():
     assert 1000 <= events[0].ms < 1600
     assert start_2 <= events[2].ms < start_2 + 600
     assert events[1].ms < start_2 - 500  # stopped within the gap, before the next turn
+
+
+@pytest.mark.parametrize("kind", ["white", "pink"])
+def test_the_vad_hears_no_speech_in_noise(kind):
+    """Steady noise louder than quiet speech is not speech (an energy gate would call it so)."""
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal(16000 * 10)
+    if kind == "pink":  # 1/f power: shape white noise in the frequency domain
+        spectrum = np.fft.rfft(noise)
+        spectrum[1:] /= np.sqrt(np.arange(1, spectrum.size))
+        noise = np.fft.irfft(spectrum, noise.size)
+    noise = (noise / np.sqrt(np.mean(noise**2)) * 10 ** (-40 / 20)).astype(np.float32)  # -40 dBFS
+    probs = SpeechDetector().push(noise)
+    assert probs.size == noise.size // 512 and float(np.mean(probs >= 0.5)) < 0.02
