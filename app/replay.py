@@ -21,6 +21,8 @@ from websockets.asyncio.client import connect
 
 from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio
 
+END_SLACK_MS = 500  # a final's last word may end this much after its utterance's known end
+
 
 @dataclass
 class SessionReport:
@@ -55,7 +57,13 @@ def looped(samples: np.ndarray, seconds: float | None) -> np.ndarray:
 
 
 async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int = 100,
-                         fast: bool = False, headers: dict[str, str] | None = None) -> SessionReport:
+                         fast: bool = False, headers: dict[str, str] | None = None,
+                         speech_ends_ms: list[int] | None = None) -> SessionReport:
+    """Stream `samples` and read the results. A final's latency is counted from the sending
+    of the audio up to its last word's end; with `speech_ends_ms` (the known ends of the
+    utterances, sorted), up to the end of the utterance it ends in (the first end at most
+    END_SLACK_MS before its last word's): then the figure does not depend on how the
+    server times that word."""
     pcm = float_to_pcm16(samples)
     step = SAMPLE_RATE * chunk_ms // 1000 * 2
     report = SessionReport(name, samples.size / SAMPLE_RATE)
@@ -78,7 +86,11 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
                 if m["is_final"] and m["words"]:
                     report.finals.append(m["text"])
                     report.words.extend((w["start_ms"], w["end_ms"], w["word"]) for w in m["words"])
-                    i = bisect.bisect_left(sent_ms, m["end_ms"])
+                    end = m["end_ms"]
+                    if speech_ends_ms:
+                        k = bisect.bisect_left(speech_ends_ms, end - END_SLACK_MS)
+                        end = speech_ends_ms[min(k, len(speech_ends_ms) - 1)]
+                    i = bisect.bisect_left(sent_ms, end)
                     if i < len(sent_at):
                         report.final_latencies.append(now - sent_at[i])
                     sent_now = sent_ms[-1] if sent_ms else 0

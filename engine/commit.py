@@ -41,6 +41,13 @@ def commits_whole(start: int, end: int, final: bool, decode_interval: int) -> bo
     return final or end - start >= MAX_WINDOW_POSITIONS - decode_interval
 
 
+def may_commit(preview: bool, whole: bool, pending_ms: int, agree_after_ms: int) -> bool:
+    """Whether a decode of a window can commit words (`plan` below), known before it runs:
+    not a preview, and committed whole or with agreement on. (Only such decodes need word
+    times from the audio: the others' words are a tentative tail.)"""
+    return not preview and (whole or pending_ms > agree_after_ms)
+
+
 @dataclass(frozen=True)
 class WindowFacts:
     """A decoded window, as the rules see it."""

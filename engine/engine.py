@@ -175,7 +175,7 @@ class Engine:
             pieces = window_pieces(items, window.window_start, window.window_end)
             prompt = stream.policy.prompt_tokens(in_window=not window.preview)
             draft = stream.draft(window.window_start, window.preview)
-            inp.windows.append(WindowInput(window, pieces, prompt, draft))
+            inp.windows.append(WindowInput(window, pieces, prompt, draft, stream.may_commit(window)))
         return StepInput(scheduled, inp)
 
     def execute(self, step: StepInput) -> RunnerOutput:

@@ -24,6 +24,7 @@ import torch
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingCancelled, DecodingOptions, DecodingResult, decode_batch
+from engine.model.timing import align
 from engine.model.transcribe import TEMPERATURES, decode_with_fallback
 from engine.processor_cache import ProcessorCache
 from engine.scheduler import ScheduledWindow
@@ -41,6 +42,9 @@ class WindowInput:
     pieces: list[tuple[str, int, int]]  # per item in the window: (hash, first, end embedding)
     prompt: list[int] = field(default_factory=list)  # committed tokens before the window
     draft: list[int] = field(default_factory=list)  # the tokens its decode is likely to give
+    # its decode may commit words: they are timed from the audio (else a segment's time is
+    # spread over its words, enough for the tentative tail)
+    timed: bool = True
 
     @property
     def request_id(self) -> str:
@@ -207,14 +211,17 @@ class ModelRunner:
         windows = [w.window for w in inputs]
         options = [self._options(w) for w in inputs]
         tokenizer, suppress = self.bundle.tokenizer, self.bundle.suppress
+        cross = self.model.decoder.cross_kv(features)  # for decoding and word timing
         try:
-            decoded = decode_batch(self.model, tokenizer, features, options, suppress, stop)
+            decoded = decode_batch(self.model, tokenizer, features, options, suppress, stop, cross)
         except DecodingCancelled as e:
-            return [self._window_result(window, d)
-                    if d is not None and not (window.commits_whole and d.needs_fallback)
+            done = [d if d is not None and not (window.commits_whole and d.needs_fallback) else None
+                    for window, d in zip(windows, e.results, strict=True)]
+            starts = self.align(inputs, cross, done)
+            return [self._window_result(window, d, s) if d is not None
                     else WindowResult(window.request_id, [], False, window.preview, cancelled=True,
                                       tokens=prefix)
-                    for window, d, prefix in zip(windows, e.results, e.prefixes, strict=True)]
+                    for window, d, s, prefix in zip(windows, done, starts, e.prefixes, strict=True)]
         except Exception:
             log.exception("batched decoding failed; decoding the %d windows one by one", len(windows))
             decoded = []
@@ -225,35 +232,69 @@ class ModelRunner:
                 except Exception as e:  # one session's failure must not stop the others
                     log.exception("decoding %s failed", window.request_id)
                     decoded.append(e)
-        results = []
+        kept: list[DecodingResult | Exception] = []
         for b, (window, opts, d) in enumerate(zip(windows, options, decoded, strict=True)):
-            if isinstance(d, Exception):
-                results.append(_failed(window, d))
-                continue
-            try:
-                if window.commits_whole and d.needs_fallback and not d.is_silence:
-                    # this decode is committed as is (no agreement check): as offline Whisper,
-                    # re-decode a loop, a skip or a budget overrun at rising temperatures
+            if window.commits_whole and isinstance(d, DecodingResult) and d.needs_fallback \
+                    and not d.is_silence:
+                # this decode is committed as is (no agreement check): as offline Whisper,
+                # re-decode a loop, a skip or a budget overrun at rising temperatures
+                try:
                     d = decode_with_fallback(self.bundle, features[b : b + 1], opts.prompt,
                                              opts.audio_seconds, TEMPERATURES[1:])
-                results.append(self._window_result(window, d))
+                except Exception as e:  # failed below, for this session alone
+                    d = e
+            kept.append(d)
+        starts = self.align(inputs, cross,
+                            [d if isinstance(d, DecodingResult) else None for d in kept])
+        results = []
+        for window, d, s in zip(windows, kept, starts, strict=True):
+            try:
+                if isinstance(d, Exception):
+                    raise d
+                results.append(self._window_result(window, d, s))
             except Exception as e:  # one session's failure must not stop the others
                 log.exception("decoding %s failed", window.request_id)
                 results.append(_failed(window, e))
         return results
+
+    def align(self, inputs: list[WindowInput], cross: list[tuple[torch.Tensor, torch.Tensor]],
+              decoded: list[DecodingResult | None]) -> list[list[float] | None]:
+        """Per window, where each decoded text token starts, in seconds from the window's
+        start, and where the text ends (None: not `timed`, or no text). All in one pass."""
+        ts_begin = self.bundle.tokenizer.timestamp_begin
+        windows = [w.window for w in inputs]
+        texts = [[t for t in d.tokens if t < ts_begin]
+                 if d is not None and not d.is_silence and w.timed else []
+                 for w, d in zip(inputs, decoded, strict=True)]
+        rows = [b for b, text in enumerate(texts) if text]
+        starts: list[list[float] | None] = [None] * len(decoded)
+        if not rows:
+            return starts
+        lengths = [windows[b].window_end - windows[b].window_start for b in rows]
+        try:
+            found = align(self.model, self.bundle.tokenizer, self.bundle.alignment_heads,
+                          [(k[rows], v[rows]) for k, v in cross], [texts[b] for b in rows], lengths)
+        except Exception:  # timing is not worth a session: its segments give the times
+            log.exception("word alignment failed; words take their segments' times")
+            return starts
+        for b, positions in zip(rows, found, strict=True):
+            starts[b] = [positions_to_seconds(p) for p in positions.tolist()]
+        return starts
 
     @staticmethod
     def _options(w: WindowInput) -> DecodingOptions:
         seconds = positions_to_seconds(w.window.window_end - w.window.window_start)
         return DecodingOptions(prompt=w.prompt, audio_seconds=seconds, draft=w.draft)
 
-    def _window_result(self, window: ScheduledWindow, decoded: DecodingResult) -> WindowResult:
-        """Decoded tokens -> timed words in session time."""
+    def _window_result(self, window: ScheduledWindow, decoded: DecodingResult,
+                       starts: list[float] | None = None) -> WindowResult:
+        """Decoded tokens (and where each text token starts) -> timed words in session time."""
         if decoded.is_silence or not decoded.tokens:
             return WindowResult(window.request_id, [], window.final, window.preview, silence=True)
         words, complete = window_words(self.bundle.tokenizer, decoded.tokens,
                                        positions_to_seconds(window.window_start),
-                                       positions_to_seconds(window.window_end - window.window_start))
+                                       positions_to_seconds(window.window_end - window.window_start),
+                                       starts)
         return WindowResult(window.request_id, words, window.final, window.preview,
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
                             tokens=decoded.tokens)

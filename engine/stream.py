@@ -26,6 +26,7 @@ from engine.config import EngineConfig
 from engine.model_runner import WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
+from engine.scheduler import ScheduledWindow
 from engine.timeline import item_positions, ms_to_positions, positions_to_ms, samples_to_ms
 from engine.words import Word, shift_timestamps
 
@@ -84,6 +85,70 @@ class PaddingMap:
         return [Word(w.text, f(w.start_ms), f(w.end_ms), w.tokens) for w in words]
 
 
+SNAP_MS = 200  # the alignment and the VAD may disagree on a word edge by this much
+MIN_WORD_MS = 100  # a word whose edge moves keeps at least this long
+
+
+class SpeechMap:
+    """Where the VAD heard speech on the session timeline, as runs of its chunks in ms.
+
+    Cross-attention alignment lets a word take in the silence beside it (the first word of
+    a window starts at the window's start); `fit` moves a word edge that lies in silence to
+    the edge of the speech next to it, when that is within the word or SNAP_MS past it."""
+
+    PAD_MS = 30  # kept around speech: the VAD's chunks are coarse and it hears onsets late
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+        self.starts: list[int] = []  # run starts, ms
+        self.ends: list[int] = []  # run ends, ms
+        self.num_chunks = 0
+        self.in_speech = False
+
+    def push(self, probs: np.ndarray) -> None:
+        """The VAD's speech probability of the timeline's next chunks."""
+        for prob in probs:
+            k = self.num_chunks
+            self.num_chunks += 1
+            self.in_speech = prob >= self.threshold - (NEG_THRESHOLD_OFFSET if self.in_speech else 0.0)
+            if not self.in_speech:
+                continue
+            start, end = samples_to_ms(k * CHUNK_SAMPLES), samples_to_ms((k + 1) * CHUNK_SAMPLES)
+            if self.ends and self.ends[-1] >= start:
+                self.ends[-1] = end
+            else:
+                self.starts.append(start)
+                self.ends.append(end)
+
+    def forget_before(self, ms: int) -> None:
+        """Drop the runs that end before `ms` (behind the decode window)."""
+        n = bisect.bisect_left(self.ends, ms)
+        del self.starts[:n], self.ends[:n]
+
+    def fit(self, words: list[Word]) -> list[Word]:
+        """Words with their edges moved into speech: a start in silence to the next run's
+        start, an end in silence to the last run's end. A word with no speech within
+        SNAP_MS of it is dropped: Whisper made it of silence or noise (" you", " him.")."""
+        heard = samples_to_ms(self.num_chunks * CHUNK_SAMPLES)
+        pad = self.PAD_MS
+        kept = []
+        for word in words:
+            if word.end_ms > heard:  # past what the VAD has analysed
+                kept.append(word)
+                continue
+            k = bisect.bisect_left(self.ends, word.start_ms - SNAP_MS)  # the first run ending after
+            if k == len(self.starts) or self.starts[k] > word.end_ms + SNAP_MS:
+                continue
+            kept.append(word)
+            i = bisect.bisect_right(self.ends, word.start_ms + pad)  # the first run ending after it
+            if i < len(self.starts) and word.start_ms < self.starts[i] - pad < word.end_ms + SNAP_MS:
+                word.start_ms = min(self.starts[i] - pad, word.end_ms - MIN_WORD_MS)
+            j = bisect.bisect_left(self.starts, word.end_ms - pad) - 1  # the last run starting before
+            if j >= 0 and word.start_ms - SNAP_MS < self.ends[j] + pad < word.end_ms:
+                word.end_ms = max(self.ends[j] + pad, word.start_ms + MIN_WORD_MS)
+        return kept
+
+
 class Stream:
     def __init__(self, request_id: str, config: EngineConfig, key: bytes, timestamp_begin: int):
         self.config = config
@@ -93,6 +158,7 @@ class Stream:
         self.speech_probs: deque[float] = deque()  # VAD chunks from `first_chunk` on
         self.first_chunk = 0
         self.in_speech = False  # the last item was speech
+        self.speech = SpeechMap(config.vad_threshold)
         self.policy = LocalAgreement()
         self.padding = PaddingMap()
         # window start -> (window end, tokens) of the last decode from there: the draft of the
@@ -120,7 +186,9 @@ class Stream:
         if self.request.input_finished:
             raise ValueError(f"request {self.request_id!r} is finished; no more audio")
         samples = np.asarray(samples, np.float32)
-        self.speech_probs.extend(self.vad.push(samples))
+        probs = self.vad.push(samples)
+        self.speech_probs.extend(probs)
+        self.speech.push(probs)
         self._add_items(self.framer.push(samples))
 
     def flush(self) -> None:
@@ -138,7 +206,9 @@ class Stream:
     def _flush_framer(self) -> None:
         framer = self.framer
         padding = -framer.num_samples % framer.item_samples  # what flush() adds
-        self.speech_probs.extend(self.vad.push(np.zeros(padding, np.float32)))
+        probs = self.vad.push(np.zeros(padding, np.float32))
+        self.speech_probs.extend(probs)
+        self.speech.push(probs)
         self._add_items(framer.flush())
         if padding:
             self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
@@ -202,6 +272,12 @@ class Stream:
             return tokens  # no preview since that decode
         return tokens + shift_timestamps(preview_tokens, preview_start - start, self.timestamp_begin)
 
+    def may_commit(self, window: ScheduledWindow) -> bool:
+        """Whether the decode of a window the scheduler gave can commit words."""
+        pending_ms = positions_to_ms(window.window_end) - self.policy.committed_end_ms
+        return commit.may_commit(window.preview, window.commits_whole, pending_ms,
+                                 self.config.agree_after)
+
     def keep_prefix(self, tokens: list[int], preview: bool) -> None:
         """The tokens a given-up partial had decoded are the start of its window's greedy
         decode: where longer than that window's draft, they are its new draft (they cover
@@ -234,7 +310,7 @@ class Stream:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         plan = commit.plan(facts, ms_to_positions(self.config.decode_interval_ms),
                            self.config.agree_after)
-        update = self._commit(plan, result.words)
+        update = self._commit(plan, self.speech.fit(result.words))
         cut = commit.new_window_start(facts, plan.action, ms_to_positions(policy.committed_end_ms))
         if cut is not None:
             self._cut(cut)
@@ -299,5 +375,6 @@ class Stream:
         while request.endpoints and request.endpoints[0] <= start:
             request.endpoints.popleft()  # pauses the window has passed
         self.policy.cut_window(positions_to_ms(start))
+        self.speech.forget_before(positions_to_ms(start))
         request.preview_start = max(request.preview_start, start)  # committed before
         self._prune_drafts()

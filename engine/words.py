@@ -1,9 +1,10 @@
 """Decoded tokens -> timed segments and words. Torch-free.
 
 Whisper's tokens interleave text with timestamp tokens (one per encoder position, from
-`timestamp_begin`): a pair of timestamps ends one segment and starts the next. Segments get
-their times from those tokens; words are the segment's text split at leading spaces, its
-time spread over them by character count.
+`timestamp_begin`): a pair of timestamps ends one segment and starts the next. Words are the
+text split at leading spaces. Their times come from the audio where the aligner gave the
+position of each text token (engine/model/timing.py); else a segment's time is spread over
+its words by character count.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Any
 from engine.timeline import MAX_WINDOW_POSITIONS, TIME_PRECISION, seconds_to_ms
 
 Tokenizer = Any  # engine.model.tokenizer.Tokenizer: decode(), id_to_token
+
+MAX_MEDIAN_WORD_MS = 700
+SENTENCE_ENDS = (".", "!", "?")
 
 
 @dataclass
@@ -34,7 +38,11 @@ class Segment:
     start: float  # seconds from the start of the audio
     end: float
     text: str
-    tokens: list[int]
+    tokens: list[int]  # text tokens
+    words: list[Word] = field(default_factory=list)  # with times in ms from the audio's start
+    # its tokens with their timestamps: a later window's prompt (a prompt of text alone
+    # makes Whisper stop after one sentence and skip the rest of the window)
+    prompt: list[int] = field(default_factory=list)
 
 
 def split_segments(tokens: list[int], ts_begin: int, offset: float, window_seconds: float,
@@ -54,7 +62,7 @@ def split_segments(tokens: list[int], ts_begin: int, offset: float, window_secon
             end = (piece[-1] - ts_begin) * TIME_PRECISION if piece[-1] >= ts_begin else start
             text_tokens = [t for t in piece if t < ts_begin]
             segments.append(Segment(offset + start, offset + end,
-                                    tokenizer.decode(text_tokens), text_tokens))
+                                    tokenizer.decode(text_tokens), text_tokens, prompt=piece))
             last = cut
         consumed = window_seconds if single_ending else (tokens[last - 1] - ts_begin) * TIME_PRECISION
     else:
@@ -63,13 +71,14 @@ def split_segments(tokens: list[int], ts_begin: int, offset: float, window_secon
         if stamps and stamps[-1] != ts_begin:
             end = (stamps[-1] - ts_begin) * TIME_PRECISION
         text_tokens = [t for t in tokens if t < ts_begin]
-        segments.append(Segment(offset, offset + end, tokenizer.decode(text_tokens), text_tokens))
+        segments.append(Segment(offset, offset + end, tokenizer.decode(text_tokens), text_tokens,
+                                prompt=list(tokens)))
         consumed = window_seconds
     return segments, consumed
 
 
-def segment_words(tokenizer: Tokenizer, tokens: list[int], start: float, end: float) -> list[Word]:
-    """Split a segment's text tokens at leading spaces; spread its time by character count."""
+def word_groups(tokenizer: Tokenizer, tokens: list[int]) -> list[list[int]]:
+    """Text tokens -> the tokens of each word (a word starts at a token with a leading space)."""
     groups: list[list[int]] = []
     for t in tokens:
         piece = tokenizer.id_to_token[t] if t < len(tokenizer.id_to_token) else ""
@@ -77,6 +86,12 @@ def segment_words(tokenizer: Tokenizer, tokens: list[int], start: float, end: fl
             groups.append([t])
         else:
             groups[-1].append(t)
+    return groups
+
+
+def segment_words(tokenizer: Tokenizer, tokens: list[int], start: float, end: float) -> list[Word]:
+    """Split a segment's text tokens at leading spaces; spread its time by character count."""
+    groups = word_groups(tokenizer, tokens)
     texts = [tokenizer.decode(g) for g in groups]
     total = sum(len(t.strip()) or 1 for t in texts)
     words, t0 = [], start
@@ -87,17 +102,50 @@ def segment_words(tokenizer: Tokenizer, tokens: list[int], start: float, end: fl
     return words
 
 
-def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float,
-                 seconds: float) -> tuple[list[Word], float]:
+def aligned_words(tokenizer: Tokenizer, tokens: list[int], starts: list[float]) -> list[Word]:
+    """Text tokens and, per token, the second it starts (one more: where the text ends) ->
+    words timed from the audio. DTW lets a word take in a pause next to it; a word longer
+    than twice the median word (at most 1.4 s) at a sentence's or the text's edge is cut to
+    that length on its pause side, as openai/whisper does."""
+    words, i = [], 0
+    for group in word_groups(tokenizer, tokens):
+        words.append(Word(tokenizer.decode(group), seconds_to_ms(starts[i]),
+                          seconds_to_ms(starts[i + len(group)]), group))
+        i += len(group)
+    durations = sorted(w.end_ms - w.start_ms for w in words if w.end_ms > w.start_ms)
+    if not durations:
+        return words
+    longest = 2 * min(MAX_MEDIAN_WORD_MS, durations[len(durations) // 2])
+    for k, word in enumerate(words):
+        if word.end_ms - word.start_ms <= longest:
+            continue
+        if k == 0 or words[k - 1].text.rstrip().endswith(SENTENCE_ENDS):
+            word.start_ms = word.end_ms - longest  # the pause before it
+        elif k == len(words) - 1 or word.text.rstrip().endswith(SENTENCE_ENDS):
+            word.end_ms = word.start_ms + longest  # the pause after it
+    return words
+
+
+def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float, seconds: float,
+                 starts: list[float] | None = None) -> tuple[list[Word], float]:
     """A window's decoded tokens -> (its words in session time, the end in seconds of its
     whole segments: where offline Whisper would seek to). The window starts at `offset`
-    seconds and holds `seconds` of audio; no word ends past it."""
+    seconds and holds `seconds` of audio; no word ends past it. `starts`: per text token
+    the second it starts from the window's start, and where the text ends (the aligner's);
+    None: segment times spread by character count."""
     segments, consumed = split_segments(tokens, tokenizer.timestamp_begin, offset, seconds, tokenizer)
-    words: list[Word] = []
     limit = offset + seconds
-    for segment in segments:
-        words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
-                               min(max(segment.end, segment.start), limit))
+    words: list[Word] = []
+    if starts is not None:
+        # the segments' text is a prefix of the decode's (a tail after the last timestamp
+        # pair of a decode that ran out of budget is left for the next window)
+        text = [t for segment in segments for t in segment.tokens]
+        words = aligned_words(tokenizer, text,
+                              [offset + min(s, seconds) for s in starts[: len(text) + 1]])
+    else:
+        for segment in segments:
+            words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
+                                   min(max(segment.end, segment.start), limit))
     return words, offset + min(consumed, seconds)
 
 

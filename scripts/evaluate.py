@@ -6,10 +6,10 @@ noise, telephone band, 44.1 kHz stereo, long gaps, a long session, abrupt ends, 
 recordings of the earlier evaluation set). Each clip goes through
 - `stream`: a /v1/listen session on a server in this process, at the file's own sample rate
   (stereo downmixed by the client), real-time pace in 100 ms chunks (`--fast`: as fast as the
-  socket takes it); final latency p50/p95 (a final's arrival minus when the audio up to its end
-  was sent), time to first partial;
-- `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm) on the file at 16 kHz; word
-  times are its segments' times spread over their words by character count;
+  socket takes it); final latency p50/p95 (a final's arrival minus when the audio up to the
+  known end of the sentence it ends in was sent), time to first partial;
+- `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm) on the file at 16 kHz, with
+  its word times (aligned from cross-attention, as streaming's);
 - `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, greedy, with its word
   timestamps (skipped when faster-whisper is not installed).
 Per condition and overall, for each system: WER (normalized text, pooled), the longest dropped
@@ -45,7 +45,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.replay import percentile  # noqa: E402
+from app.replay import END_SLACK_MS, percentile  # noqa: E402
 from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
@@ -115,6 +115,8 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
     step = rate * chunk_ms // 1000 * 2  # bytes
     sent_ms: list[int] = []  # audio ms sent ...
     sent_at: list[float] = []  # ... and when
+    # latency from the known end of the sentence a final ends in, not from its last word's end
+    ends_ms = sorted(round(s["end"] * 1000) for s in result.clip.manifest["sentences"])
     words: Words = []
     query = f"?sample_rate={rate}&encoding=linear16"
     async with connect(base_url + query, max_size=None, ping_timeout=None) as ws:
@@ -131,7 +133,8 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
                     result.first_partial_s = now - start
                 if m["is_final"] and m["words"]:
                     words.extend((w["start_ms"] / 1000, w["end_ms"] / 1000, w["word"]) for w in m["words"])
-                    i = bisect.bisect_left(sent_ms, m["end_ms"])
+                    k = bisect.bisect_left(ends_ms, m["end_ms"] - END_SLACK_MS)
+                    i = bisect.bisect_left(sent_ms, ends_ms[min(k, len(ends_ms) - 1)])
                     if i < len(sent_at):
                         result.latencies.append(now - sent_at[i])
 
@@ -162,19 +165,6 @@ async def stream_all(results: list[Result], parallel: int, fast: bool, config: E
         await asyncio.gather(*(one(url(server, "/v1/listen"), r) for r in longest_first))
 
 
-def spread_words(segments: list[tuple[float, float, str]]) -> Words:
-    """Segments -> words, each segment's time spread over its words by character count."""
-    out: Words = []
-    for start, end, text in segments:
-        words = text.split()
-        total, t = sum(len(w) for w in words), start
-        for w in words:
-            span = (end - start) * len(w) / total
-            out.append((t, t + span, w))
-            t += span
-    return out
-
-
 def offline_all(results: list[Result]) -> None:
     model = bundle()  # the streaming server's model too
     transcribe(model, torch.from_numpy(results[0].clip.mono16k()[: SAMPLE_RATE * 3]))  # warm-up
@@ -182,7 +172,7 @@ def offline_all(results: list[Result]) -> None:
         samples = torch.from_numpy(result.clip.mono16k())
         start = time.perf_counter()
         segments = transcribe(model, samples).segments
-        words = spread_words([(s.start, s.end, s.text) for s in segments])
+        words = [(w.start_ms / 1000, w.end_ms / 1000, w.text) for s in segments for w in s.words]
         result.add("offline", words, time.perf_counter() - start)
 
 

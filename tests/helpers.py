@@ -67,14 +67,23 @@ def concatenated(paths: list[Path], gap_seconds: float = 1.0) -> tuple[torch.Ten
     return torch.cat(pieces), " ".join(text)
 
 
+def speech_onset_ms(samples) -> int:
+    """Where a clean recording's speech starts: its first 10 ms frame within 30 dB of the
+    loudest (samples: a 16 kHz array or tensor)."""
+    x = torch.as_tensor(samples, dtype=torch.float64)
+    frames = x[: x.numel() // 160 * 160].reshape(-1, 160)
+    level = 10 * torch.log10(frames.pow(2).mean(dim=1) + 1e-12)
+    return int(torch.argmax((level > level.max() - 30).int())) * 10
+
+
 def fail_decodes(monkeypatch, runner, request_ids: set[str]) -> None:
     """Make the model runner fail the windows of these sessions, as a fault in their decode
     would (the runner in this process: a thread-mode engine)."""
     window_result = runner._window_result
 
-    def failing(window, decoded):
+    def failing(window, decoded, starts=None):
         if window.request_id in request_ids:
             raise RuntimeError("injected failure")
-        return window_result(window, decoded)
+        return window_result(window, decoded, starts)
 
     monkeypatch.setattr(runner, "_window_result", failing)

@@ -18,7 +18,16 @@ from engine.model.transcribe import transcribe
 from engine.model.whisper import ModelDimensions, Whisper
 from engine.model_runner import ModelRunner
 from scripts.wer import normalize, word_errors
-from tests.helpers import ARCTIC_IDS, audio, bundle, concatenated, fail_decodes, librivox_path, transcripts
+from tests.helpers import (
+    ARCTIC_IDS,
+    audio,
+    bundle,
+    concatenated,
+    fail_decodes,
+    librivox_path,
+    speech_onset_ms,
+    transcripts,
+)
 
 
 def stream(engine: Engine, request_ids: list[str], samples: list[np.ndarray],
@@ -540,9 +549,9 @@ def test_quiet_speech_is_transcribed_like_loud_speech(db):
     assert errors / n <= 0.12, "".join(w.text for w in words)
 
 
-def noise_between_sentences() -> tuple[np.ndarray, str, tuple[int, int]]:
+def noise_between_sentences() -> tuple[np.ndarray, str, tuple[int, int], int]:
     """Two sentences with 20 s of pink noise at -45 dBFS between -> (audio, reference, the
-    noise's (start, end) ms less 0.5 s at each edge)."""
+    noise's (start, end) ms less 0.5 s at each edge, the second sentence's speech onset ms)."""
     (first, second), text = [audio(librivox_path(c)).numpy() for c in ("0870", "0880")], transcripts()
     rng = np.random.default_rng(1)
     spectrum = np.fft.rfft(rng.standard_normal(16000 * 20))
@@ -551,20 +560,23 @@ def noise_between_sentences() -> tuple[np.ndarray, str, tuple[int, int]]:
     noise = (noise / np.sqrt(np.mean(noise**2)) * 10 ** (-45 / 20)).astype(np.float32)
     reference = text[librivox_path("0870")] + " " + text[librivox_path("0880")]
     gap = (len(first) * 1000 // 16000 + 500, (len(first) + len(noise)) * 1000 // 16000 - 500)
-    return np.concatenate([first, noise, second]), reference, gap
+    onset = (len(first) + len(noise)) * 1000 // 16000 + speech_onset_ms(second)
+    return np.concatenate([first, noise, second]), reference, gap, onset
 
 
 def test_steady_noise_between_sentences_invents_no_words():
-    samples, reference, _ = noise_between_sentences()
+    samples, reference, _, _ = noise_between_sentences()
     words = stream(Engine(bundle()), ["s"], [samples])["s"]
     errors, n = word_errors(reference, "".join(w.text for w in words))
     assert errors / n <= 0.1, "".join(w.text for w in words)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21: after a long pause the next sentence's words "
-                   "are stamped inside the pause (times spread over segments, not aligned)")
-def test_no_word_is_placed_inside_a_long_pause():
-    samples, _, (gap_start, gap_end) = noise_between_sentences()
+def test_words_after_a_long_pause_are_timed_from_the_audio():
+    """Word times come from the audio (cross-attention alignment): none falls inside the
+    pause, and the sentence after it starts where its speech starts."""
+    samples, _, (gap_start, gap_end), onset = noise_between_sentences()
     words = stream(Engine(bundle()), ["s"], [samples])["s"]
     inside = [w.text for w in words if gap_start < (w.start_ms + w.end_ms) // 2 < gap_end]
     assert not inside and len(words) > 10, inside
+    after = [w for w in words if w.start_ms > gap_start]
+    assert after and abs(after[0].start_ms - onset) <= 300, (after[0], onset)

@@ -263,7 +263,8 @@ def _pack(feeds: list[list[int]], num_wanted: list[int], pad: int) -> tuple[Tens
 @torch.inference_mode()
 def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
                  options: list[DecodingOptions], suppress: list[int],
-                 stop: Callable[[], bool] | None = None) -> list[DecodingResult]:
+                 stop: Callable[[], bool] | None = None,
+                 cross: list[tuple[Tensor, Tensor]] | None = None) -> list[DecodingResult]:
     """audio_features: (B, n_audio_ctx, n_audio_state) -> B sequences decoded together.
 
     Prompts of different lengths are left-padded; each row keeps its own positions and never
@@ -275,8 +276,7 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     until greedy comes back in step with it (`resync_draft`) and is then fed again with the
     chosen token. Finished rows leave the batch (their cache rows are dropped). `stop` is
     asked before every decoder call; when it says so, DecodingCancelled is raised with the
-    finished rows' results and every row's tokens so far.
-    """
+    finished rows' results and every row's tokens so far. `cross`: `cross_kv` of the audio."""
     device = audio_features.device
     eot, ts_begin = tokenizer.eot, tokenizer.timestamp_begin
     initials = [initial_tokens(tokenizer, o) for o in options]
@@ -288,7 +288,7 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     misses = [0] * len(rows)
     feeds = [i + d for i, d in zip(initials, rests, strict=True)]  # per row: tokens this call
     lengths = [0] * len(rows)  # per row: tokens in its cache (its next position)
-    cache = model.decoder.new_cache()
+    cache = model.decoder.new_cache(cross)
     xa: Tensor | None = audio_features
     active = list(range(len(rows)))  # batch row -> index in `rows`
     first = True

@@ -7,6 +7,7 @@ higher temperature when the output looks like a loop.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,9 @@ import torch
 from audio.mel import FRAMES_PER_SECOND, N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingOptions, DecodingResult, decode
-from engine.timeline import SAMPLE_RATE
-from engine.words import Segment, split_segments
+from engine.model.timing import align
+from engine.timeline import SAMPLE_RATE, positions_to_seconds
+from engine.words import Segment, aligned_words, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
@@ -32,7 +34,9 @@ class Transcript:
             "text": self.text,
             "duration": round(self.duration, 3),
             "segments": [
-                {"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text}
+                {"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
+                 "words": [{"word": w.text, "start": w.start_ms / 1000, "end": w.end_ms / 1000}
+                           for w in s.words]}
                 for s in self.segments
             ],
         }
@@ -53,6 +57,26 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
     return result
 
 
+def _add_words(bundle: ModelBundle, segments: list[Segment], tokens: list[int],
+               features: torch.Tensor, offset: float, window_frames: int) -> None:
+    """Give a window's segments their words, timed from the audio (the window's text aligned
+    in one pass), each word within its segment's neighbours: after the words before it."""
+    text = [t for segment in segments for t in segment.tokens]
+    if not text:
+        return
+    starts = align(bundle.model, bundle.tokenizer, bundle.alignment_heads,
+                   bundle.model.decoder.cross_kv(features), [text], [window_frames // INPUT_STRIDE])[0]
+    words = aligned_words(bundle.tokenizer, text,
+                          [offset + positions_to_seconds(p) for p in starts.tolist()])
+    ends = list(itertools.accumulate(len(segment.tokens) for segment in segments))
+    first, k = 0, 0  # the word's first token; its segment
+    for word in words:
+        while first >= ends[k]:
+            k += 1
+        segments[k].words.append(word)
+        first += len(word.tokens)
+
+
 @torch.inference_mode()
 def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
@@ -61,7 +85,7 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES)
     content_frames = mel.shape[-1] - N_FRAMES
     segments: list[Segment] = []
-    history: list[int] = []  # text tokens of earlier windows, the prompt
+    history: list[int] = []  # tokens of earlier windows with their timestamps, the prompt
     seek = 0
     while seek < content_frames:
         window_frames = min(N_FRAMES, content_frames - seek)
@@ -75,12 +99,13 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
             continue
         new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset,
                                        window_seconds, tokenizer)
+        _add_words(bundle, new, result.tokens, features, offset, window_frames)
         for segment in new:
             start = max(segment.start, segments[-1].end if segments else 0.0)
             segment.start, segment.end = min(start, duration), min(max(segment.end, start), duration)
             if segment.text.strip():
                 segments.append(segment)
-                history.extend(segment.tokens)
+                history.extend(segment.prompt)
         if result.temperature > 0.5:
             history = []
         # move at least one timestamp step so a window never repeats

@@ -127,11 +127,13 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, self.n_head, d // self.n_head).transpose(1, 2).contiguous()
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                mask: Tensor | None = None) -> Tensor:
+                mask: Tensor | None = None, qk: list[Tensor] | None = None) -> Tensor:
         """q: (B, Tq, D), k/v: (B, H, Tk, D/H) split by `heads` -> (B, Tq, D). Projections
         are done by the caller.
 
         `mask` (B, 1, Tq, Tk) bool, True where a query may attend, replaces the causal mask.
+        `qk`: a list the scaled attention logits (B, H, Tq, Tk) are appended to (unmasked
+        attention only; for word timing).
         """
         b, tq, d = q.shape
         h = self.n_head
@@ -140,8 +142,10 @@ class MultiHeadAttention(nn.Module):
         if mask is None and causal and tq > 1:
             tk = k.shape[2]
             mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-        if mask is None and not causal and tq <= FEW_QUERIES:  # cross-attention while decoding
+        if mask is None and not causal and (tq <= FEW_QUERIES or qk is not None):
             w = (q * (d // h) ** -0.5) @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
+            if qk is not None:
+                qk.append(w)
             out = w.float().softmax(-1).to(v.dtype) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -160,7 +164,8 @@ class ResidualAttentionBlock(nn.Module):
         self.mlp_ln = LayerNorm(n_state)
 
     def forward(self, x: Tensor, xa: Tensor | None = None, cache: LayerCache | None = None,
-                mask: Tensor | None = None) -> Tensor:
+                mask: Tensor | None = None, qk: list[Tensor] | None = None) -> Tensor:
+        """`qk`: a list the cross-attention logits (B, H, T, n_audio_ctx) are appended to."""
         attn = self.attn
         h = self.attn_ln(x)
         k, v = attn.heads(attn.key(h)), attn.heads(attn.value(h))  # (B, H, T, D/H)
@@ -180,7 +185,7 @@ class ResidualAttentionBlock(nn.Module):
                 ck, cv = cross.heads(cross.key(xa)), cross.heads(cross.value(xa))
                 if cache is not None:
                     cache.cross_k, cache.cross_v = ck, cv
-            x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv)
+            x = x + cross(cross.query(self.cross_attn_ln(x)), ck, cv, qk=qk)
 
         return x + self.mlp(self.mlp_ln(x))
 
@@ -233,8 +238,17 @@ class TextDecoder(nn.Module):
         # A copy of the tied output projection in a cheaper dtype (see `set_projection_dtype`).
         self.projection: Tensor | None = None
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache(layers=[LayerCache() for _ in self.blocks])
+    def new_cache(self, cross: list[tuple[Tensor, Tensor]] | None = None) -> DecoderCache:
+        """`cross`: the cross-attention keys and values (`cross_kv`) if already computed."""
+        if cross is None:
+            return DecoderCache(layers=[LayerCache() for _ in self.blocks])
+        return DecoderCache(layers=[LayerCache(cross_k=k, cross_v=v) for k, v in cross])
+
+    def cross_kv(self, xa: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """xa: (B, n_audio_ctx, n_audio_state) -> per layer the cross-attention keys and values,
+        each (B, n_head, n_audio_ctx, d_head): computed once for a step's decode and alignment."""
+        return [(b.cross_attn.heads(b.cross_attn.key(xa)), b.cross_attn.heads(b.cross_attn.value(xa)))
+                for b in self.blocks]
 
     @staticmethod
     def _row_positions(tokens: Tensor, cache: DecoderCache | None,
@@ -293,6 +307,25 @@ class TextDecoder(nn.Module):
         if cache is not None:
             cache.num_tokens += n
         return self.ln(x)
+
+    def cross_attention(self, tokens: Tensor, cross: list[tuple[Tensor, Tensor]],
+                        heads: list[tuple[int, int]]) -> Tensor:
+        """tokens: (B, T) whole sequences; cross: `cross_kv` of their audio -> the scaled
+        cross-attention logits of the given (layer, head) pairs, (B, len(heads), T, n_audio_ctx).
+        Runs the blocks up to the last layer named (causal self-attention)."""
+        cache = self.new_cache(cross)
+        x = self.token_embedding(tokens) + self.positional_embedding[: tokens.shape[1]]
+        x = x.to(cross[0][0].dtype)
+        wanted: dict[int, list[int]] = {}
+        for layer, head in heads:
+            wanted.setdefault(layer, []).append(head)
+        kept: dict[int, Tensor] = {}
+        for i, block in enumerate(self.blocks[: max(wanted) + 1]):
+            qk: list[Tensor] = []
+            x = block(x, None, cache.layers[i], None, qk)
+            if i in wanted:
+                kept[i] = qk[0][:, wanted[i]]  # only these heads: the rest is large and unused
+        return torch.cat([kept[layer][:, [wanted[layer].index(head)]] for layer, head in heads], dim=1)
 
     def logits(self, x: Tensor) -> Tensor:
         """(..., n_text_state) final states -> (..., vocab) float32 logits."""

@@ -1,0 +1,114 @@
+"""Word times from the audio: the DTW path search, the alignment of decoded text over
+cross-attention (offline and streaming), the VAD's speech map that moves word edges into
+speech, and the timestamped prompt of long-form transcription."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.model import transcribe as transcribe_module
+from engine.model.timing import dtw
+from engine.model.transcribe import transcribe
+from engine.stream import SNAP_MS, SpeechMap
+from engine.words import Word, aligned_words
+from tests.helpers import audio, bundle, librivox_path, speech_onset_ms
+
+
+def cheapest_total(cost: np.ndarray) -> float:
+    """The textbook O(N M) recursion, as the reference."""
+    n, m = cost.shape
+    total = np.full((n + 1, m + 1), np.inf)
+    total[0, 0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            total[i, j] = cost[i - 1, j - 1] + min(total[i - 1, j - 1], total[i - 1, j], total[i, j - 1])
+    return float(total[n, m])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (7, 1), (5, 40), (30, 12), (25, 300)])
+def test_dtw_finds_a_cheapest_monotonic_path(shape):
+    rng = np.random.default_rng(sum(shape))
+    cost = rng.standard_normal(shape)
+    rows, cols = dtw(cost)
+    assert (rows[0], cols[0]) == (0, 0) and (rows[-1], cols[-1]) == (shape[0] - 1, shape[1] - 1)
+    steps = np.stack([np.diff(rows), np.diff(cols)], axis=1)
+    assert ((steps >= 0) & (steps <= 1)).all() and (steps.sum(axis=1) >= 1).all()
+    assert cost[rows, cols].sum() == pytest.approx(cheapest_total(cost))
+
+
+def test_aligned_words_take_token_times_and_cut_a_first_word_that_took_in_a_pause():
+    tokenizer = bundle().tokenizer
+    ids = {token: i for i, token in enumerate(tokenizer.id_to_token)}
+    text = [ids[t] for t in ("ĠHe", "Ġwas", "Ġnot", "Ġan", "Ġold", "Ġyoung", "Ġman", ".")]
+    starts = [0.0] + [3.0 + 0.25 * i for i in range(len(text))]  # the first token from 0 s
+    words = aligned_words(tokenizer, text, starts)
+    assert [w.text for w in words] == [" He", " was", " not", " an", " old", " young", " man."]
+    assert all(a.end_ms == b.start_ms for a, b in zip(words, words[1:], strict=False))
+    assert words[0].end_ms == 3000 and words[0].start_ms >= 2000  # not 0: cut to twice a median word
+
+
+def speech_map(runs_ms: list[tuple[int, int]], total_ms: int) -> SpeechMap:
+    """A map fed probabilities that are speech (1.0) inside the runs, silence (0.0) elsewhere."""
+    chunk_ms = 32
+    probs = np.array([1.0 if any(a <= k * chunk_ms < b for a, b in runs_ms) else 0.0
+                      for k in range(total_ms // chunk_ms)], np.float32)
+    speech = SpeechMap(threshold=0.5)
+    speech.push(probs)
+    return speech
+
+
+def test_speech_map_moves_word_edges_into_speech_and_drops_words_of_silence():
+    speech = speech_map([(1024, 2048), (8000, 9024)], 12000)
+    early = Word(" early", 200, 1500)  # starts in the silence before the speech
+    late = Word(" late", 1700, 3500)  # ends in the silence after it
+    inside = Word(" inside", 8100, 8900)
+    ghost = Word(" you.", 5000, 5400)  # nowhere near speech
+    unheard = Word(" unheard", 11990, 12500)  # past what the VAD has analysed
+    words = speech.fit([early, late, ghost, inside, unheard])
+    assert [w.text for w in words] == [" early", " late", " inside", " unheard"]
+    assert early.start_ms == 1024 - SpeechMap.PAD_MS and early.end_ms == 1500
+    assert late.start_ms == 1700 and late.end_ms == 2048 + SpeechMap.PAD_MS
+    assert (inside.start_ms, inside.end_ms) == (8100, 8900)
+    near = Word(" near", 7000, 8000 - SpeechMap.PAD_MS - SNAP_MS // 2)  # ends just before speech
+    assert speech.fit([near]) == [near] and near.start_ms > 7000
+    speech.forget_before(5000)
+    assert speech.starts == [8000]
+
+
+def test_offline_word_times_follow_the_speech():
+    """Two recordings with 2 s of silence before and 6 s between: every word lies in speech,
+    and each recording's first word starts where its speech starts."""
+    first, second = (audio(librivox_path(c)) for c in ("0870", "0930"))
+    lead, gap = torch.zeros(32000), torch.zeros(96000)
+    samples = torch.cat([lead, first, gap, second])
+    onsets = [2000 + speech_onset_ms(first),
+              (32000 + first.numel() + 96000) // 16 + speech_onset_ms(second)]
+    gap_ms = ((32000 + first.numel()) // 16 + 300, (32000 + first.numel() + 96000) // 16 - 300)
+    words = [w for s in transcribe(bundle(), samples).segments for w in s.words]
+    assert len(words) > 15
+    assert not [w.text for w in words if w.end_ms > gap_ms[0] and w.start_ms < gap_ms[1]]
+    assert abs(words[0].start_ms - onsets[0]) <= 300, (words[0], onsets[0])
+    second_first = next(w for w in words if w.start_ms > gap_ms[0])
+    assert abs(second_first.start_ms - onsets[1]) <= 300, (second_first, onsets[1])
+
+
+def test_long_form_prompts_carry_the_earlier_windows_timestamps(monkeypatch):
+    """Whisper was trained on prompts of earlier windows with their timestamps; a prompt of
+    text alone makes it stop after one sentence and skip the rest of the window."""
+    prompts: list[list[int]] = []
+    decode = transcribe_module.decode_with_fallback
+
+    def recording(bundle_, features, prompt, seconds, *args):
+        prompts.append(list(prompt))
+        return decode(bundle_, features, prompt, seconds, *args)
+
+    monkeypatch.setattr(transcribe_module, "decode_with_fallback", recording)
+    clips = [audio(librivox_path(c)) for c in ("0870", "0880", "0890", "0920", "0930")] * 2
+    result = transcribe(bundle(), torch.cat([torch.cat([c, torch.zeros(8000)]) for c in clips]))
+    ts_begin = bundle().tokenizer.timestamp_begin
+    later = [p for p in prompts[1:] if p]
+    assert len(prompts) >= 2 and later
+    assert all(sum(t >= ts_begin for t in p) >= 2 for p in later)
+    assert result.text.lower().count("dashwood") >= 2  # the passage of 0870, in both rounds
