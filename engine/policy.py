@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.words import Word
+from engine.words import SENTENCE_ENDS, Word, timed_prompt
 
 OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hypothesis
 TIME_TOLERANCE_MS = 100
@@ -115,13 +115,21 @@ class LocalAgreement:
         """Later windows get no prompt from the words committed so far."""
         self.prompt_floor = len(self.committed)
 
-    def prompt_tokens(self, max_tokens: int = 200, in_window: bool = True) -> list[int]:
+    def prompt_tokens(self, max_tokens: int = 200, in_window: bool = True,
+                      timestamp_begin: int | None = None) -> list[int]:
         """Tokens of the committed words before the window (those in it get re-decoded);
-        `in_window=False`: of all committed words (a window that starts past them)."""
-        out: list[int] = []
+        `in_window=False`: of all committed words (a window that starts past them). With
+        `timestamp_begin`, their sentences between timestamps (`timed_prompt`)."""
+        words: list[Word] = []
+        timed = timestamp_begin is not None
+        num_tokens = 2 if timed else 0  # the last segment's timestamps
         before = len(self.committed) - (self.num_window_committed if in_window else 0)
         for word in reversed(self.committed[max(self.prompt_floor, before - max_tokens) : before]):
-            if len(out) + len(word.tokens) > max_tokens:
+            extra = 2 if timed and word.text.rstrip().endswith(SENTENCE_ENDS) else 0
+            if num_tokens + len(word.tokens) + extra > max_tokens:
                 break
-            out[:0] = word.tokens
-        return out
+            words.insert(0, word)
+            num_tokens += len(word.tokens) + extra
+        if timed:
+            return timed_prompt(words, timestamp_begin)
+        return [t for word in words for t in word.tokens]

@@ -27,6 +27,7 @@ from engine.model_runner import WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
+from engine.speech_map import SpeechMap
 from engine.timeline import item_positions, ms_to_positions, positions_to_ms, samples_to_ms
 from engine.words import Word, shift_timestamps
 
@@ -83,70 +84,6 @@ class PaddingMap:
             return words
         f = self.audio_ms
         return [Word(w.text, f(w.start_ms), f(w.end_ms), w.tokens) for w in words]
-
-
-SNAP_MS = 200  # the alignment and the VAD may disagree on a word edge by this much
-MIN_WORD_MS = 100  # a word whose edge moves keeps at least this long
-
-
-class SpeechMap:
-    """Where the VAD heard speech on the session timeline, as runs of its chunks in ms.
-
-    Cross-attention alignment lets a word take in the silence beside it (the first word of
-    a window starts at the window's start); `fit` moves a word edge that lies in silence to
-    the edge of the speech next to it, when that is within the word or SNAP_MS past it."""
-
-    PAD_MS = 30  # kept around speech: the VAD's chunks are coarse and it hears onsets late
-
-    def __init__(self, threshold: float):
-        self.threshold = threshold
-        self.starts: list[int] = []  # run starts, ms
-        self.ends: list[int] = []  # run ends, ms
-        self.num_chunks = 0
-        self.in_speech = False
-
-    def push(self, probs: np.ndarray) -> None:
-        """The VAD's speech probability of the timeline's next chunks."""
-        for prob in probs:
-            k = self.num_chunks
-            self.num_chunks += 1
-            self.in_speech = prob >= self.threshold - (NEG_THRESHOLD_OFFSET if self.in_speech else 0.0)
-            if not self.in_speech:
-                continue
-            start, end = samples_to_ms(k * CHUNK_SAMPLES), samples_to_ms((k + 1) * CHUNK_SAMPLES)
-            if self.ends and self.ends[-1] >= start:
-                self.ends[-1] = end
-            else:
-                self.starts.append(start)
-                self.ends.append(end)
-
-    def forget_before(self, ms: int) -> None:
-        """Drop the runs that end before `ms` (behind the decode window)."""
-        n = bisect.bisect_left(self.ends, ms)
-        del self.starts[:n], self.ends[:n]
-
-    def fit(self, words: list[Word]) -> list[Word]:
-        """Words with their edges moved into speech: a start in silence to the next run's
-        start, an end in silence to the last run's end. A word with no speech within
-        SNAP_MS of it is dropped: Whisper made it of silence or noise (" you", " him.")."""
-        heard = samples_to_ms(self.num_chunks * CHUNK_SAMPLES)
-        pad = self.PAD_MS
-        kept = []
-        for word in words:
-            if word.end_ms > heard:  # past what the VAD has analysed
-                kept.append(word)
-                continue
-            k = bisect.bisect_left(self.ends, word.start_ms - SNAP_MS)  # the first run ending after
-            if k == len(self.starts) or self.starts[k] > word.end_ms + SNAP_MS:
-                continue
-            kept.append(word)
-            i = bisect.bisect_right(self.ends, word.start_ms + pad)  # the first run ending after it
-            if i < len(self.starts) and word.start_ms < self.starts[i] - pad < word.end_ms + SNAP_MS:
-                word.start_ms = min(self.starts[i] - pad, word.end_ms - MIN_WORD_MS)
-            j = bisect.bisect_left(self.starts, word.end_ms - pad) - 1  # the last run starting before
-            if j >= 0 and word.start_ms - SNAP_MS < self.ends[j] + pad < word.end_ms:
-                word.end_ms = max(self.ends[j] + pad, word.start_ms + MIN_WORD_MS)
-        return kept
 
 
 class Stream:

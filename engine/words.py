@@ -13,12 +13,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.timeline import MAX_WINDOW_POSITIONS, TIME_PRECISION, seconds_to_ms
+from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND, TIME_PRECISION, seconds_to_ms
 
 Tokenizer = Any  # engine.model.tokenizer.Tokenizer: decode(), id_to_token
 
 MAX_MEDIAN_WORD_MS = 700
 SENTENCE_ENDS = (".", "!", "?")
+MAX_WINDOW_MS = 30_000
 
 
 @dataclass
@@ -147,6 +148,30 @@ def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float, seconds
             words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
                                    min(max(segment.end, segment.start), limit))
     return words, offset + min(consumed, seconds)
+
+
+def timed_prompt(words: list[Word], timestamp_begin: int) -> list[int]:
+    """Committed words as a prompt in the form Whisper was trained on, the earlier windows'
+    segments with their timestamps: a segment per sentence, `<|start|> text <|end|>`, times
+    from the first word's start, starting from 0 again every 30 s. (A prompt of text alone
+    makes Whisper end a window after its first sentence.)"""
+    out: list[int] = []
+    origin, open_ = 0, False
+    for k, word in enumerate(words):
+        if not open_:
+            if not out or word.start_ms - origin >= MAX_WINDOW_MS:
+                origin = word.start_ms
+            out.append(timestamp_begin + _stamp(word.start_ms - origin))
+            open_ = True
+        out += word.tokens
+        if word.text.rstrip().endswith(SENTENCE_ENDS) or k == len(words) - 1:
+            out.append(timestamp_begin + _stamp(max(word.end_ms, word.start_ms) - origin))
+            open_ = False
+    return out
+
+
+def _stamp(ms: int) -> int:
+    return min(max(ms, 0) * POSITIONS_PER_SECOND // 1000, MAX_WINDOW_POSITIONS)
 
 
 def shift_timestamps(tokens: list[int], positions: int, timestamp_begin: int,

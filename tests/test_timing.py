@@ -11,7 +11,7 @@ import torch
 from engine.model import transcribe as transcribe_module
 from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
-from engine.stream import SNAP_MS, SpeechMap
+from engine.speech_map import SNAP_MS, SpeechMap
 from engine.words import Word, aligned_words
 from tests.helpers import audio, bundle, librivox_path, speech_onset_ms
 
@@ -112,3 +112,24 @@ def test_long_form_prompts_carry_the_earlier_windows_timestamps(monkeypatch):
     assert len(prompts) >= 2 and later
     assert all(sum(t >= ts_begin for t in p) >= 2 for p in later)
     assert result.text.lower().count("dashwood") >= 2  # the passage of 0870, in both rounds
+
+
+def test_streaming_prompts_put_each_sentence_between_timestamps():
+    from engine.policy import LocalAgreement
+
+    tokenizer = bundle().tokenizer
+    ids = {token: i for i, token in enumerate(tokenizer.id_to_token)}
+    ts = tokenizer.timestamp_begin
+    policy = LocalAgreement()
+    texts = [" He", " was", " not.", " A", " young", " man.", " It"]
+    times = [(40_000, 40_300), (40_300, 40_500), (40_500, 41_000), (42_000, 42_200),
+             (42_200, 42_600), (42_600, 43_000), (75_000, 75_400)]
+    policy.flush([Word(t, a, b, [ids["Ġ" + t.strip(" .")]]) for t, (a, b) in zip(texts, times, strict=True)])
+    policy.cut_window(80_000)  # every committed word is before the window
+    plain = policy.prompt_tokens()
+    timed = policy.prompt_tokens(timestamp_begin=ts)
+    assert [t for t in timed if t < ts] == plain
+    stamps = [(t - ts) * 20 for t in timed if t >= ts]
+    # sentences at 0-1.0 s and 2.0-3.0 s from the first word; past 30 s, from 0 again
+    assert stamps == [0, 1000, 2000, 3000, 0, 400]
+    assert len(policy.prompt_tokens(max_tokens=5, timestamp_begin=ts)) <= 5

@@ -13,14 +13,18 @@ from dataclasses import dataclass
 import torch
 
 from audio.mel import FRAMES_PER_SECOND, N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from audio.vad import SpeechDetector
+from engine.config import EngineConfig
 from engine.model import ModelBundle
 from engine.model.decoding import DecodingOptions, DecodingResult, decode
 from engine.model.timing import align
+from engine.speech_map import SpeechMap
 from engine.timeline import SAMPLE_RATE, positions_to_seconds
 from engine.words import Segment, aligned_words, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
+VAD_THRESHOLD = EngineConfig.vad_threshold
 
 
 @dataclass
@@ -57,10 +61,11 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
     return result
 
 
-def _add_words(bundle: ModelBundle, segments: list[Segment], tokens: list[int],
-               features: torch.Tensor, offset: float, window_frames: int) -> None:
+def _add_words(bundle: ModelBundle, segments: list[Segment], features: torch.Tensor,
+               offset: float, window_frames: int, speech: SpeechMap) -> None:
     """Give a window's segments their words, timed from the audio (the window's text aligned
-    in one pass), each word within its segment's neighbours: after the words before it."""
+    in one pass), their edges fitted to the speech the VAD heard (as streaming's; no word is
+    dropped: a segment's words spell its text)."""
     text = [t for segment in segments for t in segment.tokens]
     if not text:
         return
@@ -75,6 +80,8 @@ def _add_words(bundle: ModelBundle, segments: list[Segment], tokens: list[int],
             k += 1
         segments[k].words.append(word)
         first += len(word.tokens)
+    for segment in segments:
+        segment.words = speech.fit(segment.words, drop=False)
 
 
 @torch.inference_mode()
@@ -84,6 +91,8 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     duration = audio.shape[0] / SAMPLE_RATE
     mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES)
     content_frames = mel.shape[-1] - N_FRAMES
+    speech = SpeechMap(VAD_THRESHOLD)
+    speech.push(SpeechDetector().push(audio.float().numpy()))
     segments: list[Segment] = []
     history: list[int] = []  # tokens of earlier windows with their timestamps, the prompt
     seek = 0
@@ -99,7 +108,7 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
             continue
         new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset,
                                        window_seconds, tokenizer)
-        _add_words(bundle, new, result.tokens, features, offset, window_frames)
+        _add_words(bundle, new, features, offset, window_frames, speech)
         for segment in new:
             start = max(segment.start, segments[-1].end if segments else 0.0)
             segment.start, segment.end = min(start, duration), min(max(segment.end, start), duration)
