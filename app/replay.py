@@ -24,6 +24,13 @@ from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio
 END_SLACK_MS = 500  # a final's last word may end this much after its utterance's known end
 
 
+def utterance_end_ms(ends_ms: list[int], end_ms: int) -> int:
+    """The known end (of the sorted `ends_ms`) of the utterance a final ending at `end_ms`
+    ends in: the first at most END_SLACK_MS before it (the last one past them all)."""
+    k = bisect.bisect_left(ends_ms, end_ms - END_SLACK_MS)
+    return ends_ms[min(k, len(ends_ms) - 1)]
+
+
 @dataclass
 class SessionReport:
     name: str
@@ -88,8 +95,7 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
                     report.words.extend((w["start_ms"], w["end_ms"], w["word"]) for w in m["words"])
                     end = m["end_ms"]
                     if speech_ends_ms:
-                        k = bisect.bisect_left(speech_ends_ms, end - END_SLACK_MS)
-                        end = speech_ends_ms[min(k, len(speech_ends_ms) - 1)]
+                        end = utterance_end_ms(speech_ends_ms, end)
                     i = bisect.bisect_left(sent_ms, end)
                     if i < len(sent_at):
                         report.final_latencies.append(now - sent_at[i])

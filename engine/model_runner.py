@@ -240,7 +240,8 @@ class ModelRunner:
                 # re-decode a loop, a skip or a budget overrun at rising temperatures
                 try:
                     d = decode_with_fallback(self.bundle, features[b : b + 1], opts.prompt,
-                                             opts.audio_seconds, TEMPERATURES[1:])
+                                             opts.audio_seconds, TEMPERATURES[1:],
+                                             [(k[b : b + 1], v[b : b + 1]) for k, v in cross])
                 except Exception as e:  # failed below, for this session alone
                     d = e
             kept.append(d)

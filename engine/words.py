@@ -13,13 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND, TIME_PRECISION, seconds_to_ms
+from engine.timeline import MAX_WINDOW_POSITIONS, TIME_PRECISION, ms_to_positions, seconds_to_ms
 
 Tokenizer = Any  # engine.model.tokenizer.Tokenizer: decode(), id_to_token
 
 MAX_MEDIAN_WORD_MS = 700
 SENTENCE_ENDS = (".", "!", "?")
-MAX_WINDOW_MS = 30_000
 
 
 @dataclass
@@ -159,7 +158,7 @@ def timed_prompt(words: list[Word], timestamp_begin: int) -> list[int]:
     origin, open_ = 0, False
     for k, word in enumerate(words):
         if not open_:
-            if not out or word.start_ms - origin >= MAX_WINDOW_MS:
+            if not out or ms_to_positions(word.start_ms - origin) >= MAX_WINDOW_POSITIONS:
                 origin = word.start_ms
             out.append(timestamp_begin + _stamp(word.start_ms - origin))
             open_ = True
@@ -171,7 +170,7 @@ def timed_prompt(words: list[Word], timestamp_begin: int) -> list[int]:
 
 
 def _stamp(ms: int) -> int:
-    return min(max(ms, 0) * POSITIONS_PER_SECOND // 1000, MAX_WINDOW_POSITIONS)
+    return min(ms_to_positions(max(ms, 0)), MAX_WINDOW_POSITIONS)
 
 
 def shift_timestamps(tokens: list[int], positions: int, timestamp_begin: int,

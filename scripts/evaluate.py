@@ -45,7 +45,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.replay import END_SLACK_MS, percentile  # noqa: E402
+from app.replay import percentile, utterance_end_ms  # noqa: E402
 from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
@@ -133,8 +133,7 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
                     result.first_partial_s = now - start
                 if m["is_final"] and m["words"]:
                     words.extend((w["start_ms"] / 1000, w["end_ms"] / 1000, w["word"]) for w in m["words"])
-                    k = bisect.bisect_left(ends_ms, m["end_ms"] - END_SLACK_MS)
-                    i = bisect.bisect_left(sent_ms, ends_ms[min(k, len(ends_ms) - 1)])
+                    i = bisect.bisect_left(sent_ms, utterance_end_ms(ends_ms, m["end_ms"]))
                     if i < len(sent_at):
                         result.latencies.append(now - sent_at[i])
 

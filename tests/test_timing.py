@@ -100,9 +100,9 @@ def test_long_form_prompts_carry_the_earlier_windows_timestamps(monkeypatch):
     prompts: list[list[int]] = []
     decode = transcribe_module.decode_with_fallback
 
-    def recording(bundle_, features, prompt, seconds, *args):
+    def recording(bundle_, features, prompt, seconds, *args, **kwargs):
         prompts.append(list(prompt))
-        return decode(bundle_, features, prompt, seconds, *args)
+        return decode(bundle_, features, prompt, seconds, *args, **kwargs)
 
     monkeypatch.setattr(transcribe_module, "decode_with_fallback", recording)
     clips = [audio(librivox_path(c)) for c in ("0870", "0880", "0890", "0920", "0930")] * 2

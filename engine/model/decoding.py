@@ -164,9 +164,11 @@ def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions) -> list[int]:
 
 @torch.inference_mode()
 def decode(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
-           options: DecodingOptions, suppress: list[int]) -> DecodingResult:
-    """audio_features: (1, n_audio_ctx, n_state) encoder output -> one decoded sequence."""
-    return decode_batch(model, tokenizer, audio_features, [options], suppress)[0]
+           options: DecodingOptions, suppress: list[int],
+           cross: list[tuple[Tensor, Tensor]] | None = None) -> DecodingResult:
+    """audio_features: (1, n_audio_ctx, n_state) encoder output -> one decoded sequence.
+    `cross`: `cross_kv` of the audio if already computed."""
+    return decode_batch(model, tokenizer, audio_features, [options], suppress, cross=cross)[0]
 
 
 class _Row:

@@ -47,30 +47,35 @@ class Transcript:
 
 
 def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: list[int],
-                         audio_seconds: float, temperatures: tuple[float, ...] = TEMPERATURES
+                         audio_seconds: float, temperatures: tuple[float, ...] = TEMPERATURES,
+                         cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
                          ) -> DecodingResult:
-    """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter."""
+    """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter.
+    `cross`: `cross_kv` of `features` if already computed (else computed once here)."""
+    if cross is None:
+        cross = bundle.model.decoder.cross_kv(features)
     result = None
     for t in temperatures:
         options = DecodingOptions(prompt=prompt if t <= 0.5 else [], temperature=t,
                                   audio_seconds=audio_seconds)
-        result = decode(bundle.model, bundle.tokenizer, features, options, bundle.suppress)
+        result = decode(bundle.model, bundle.tokenizer, features, options, bundle.suppress, cross)
         if result.is_silence or not result.needs_fallback:
             break
     assert result is not None
     return result
 
 
-def _add_words(bundle: ModelBundle, segments: list[Segment], features: torch.Tensor,
-               offset: float, window_frames: int, speech: SpeechMap) -> None:
+def _add_words(bundle: ModelBundle, segments: list[Segment],
+               cross: list[tuple[torch.Tensor, torch.Tensor]], offset: float, window_frames: int,
+               speech: SpeechMap) -> None:
     """Give a window's segments their words, timed from the audio (the window's text aligned
     in one pass), their edges fitted to the speech the VAD heard (as streaming's; no word is
     dropped: a segment's words spell its text)."""
     text = [t for segment in segments for t in segment.tokens]
     if not text:
         return
-    starts = align(bundle.model, bundle.tokenizer, bundle.alignment_heads,
-                   bundle.model.decoder.cross_kv(features), [text], [window_frames // INPUT_STRIDE])[0]
+    starts = align(bundle.model, bundle.tokenizer, bundle.alignment_heads, cross, [text],
+                   [window_frames // INPUT_STRIDE])[0]
     words = aligned_words(bundle.tokenizer, text,
                           [offset + positions_to_seconds(p) for p in starts.tolist()])
     ends = list(itertools.accumulate(len(segment.tokens) for segment in segments))
@@ -102,13 +107,14 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
         offset = seek / FRAMES_PER_SECOND
         chunk = mel[:, seek : seek + N_FRAMES].to(model.device, model.dtype)  # (n_mels, 3000)
         features = model.encoder(chunk[None])  # (1, 1500, n_state)
-        result = decode_with_fallback(bundle, features, history, window_seconds)
+        cross = model.decoder.cross_kv(features)  # for every decode of the window and its words
+        result = decode_with_fallback(bundle, features, history, window_seconds, cross=cross)
         if result.is_silence:
             seek += window_frames
             continue
         new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset,
                                        window_seconds, tokenizer)
-        _add_words(bundle, new, features, offset, window_frames, speech)
+        _add_words(bundle, new, cross, offset, window_frames, speech)
         for segment in new:
             start = max(segment.start, segments[-1].end if segments else 0.0)
             segment.start, segment.end = min(start, duration), min(max(segment.end, start), duration)
