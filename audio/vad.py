@@ -4,7 +4,7 @@ Silero's network gives a speech probability for each 32 ms chunk (512 samples at
 from the chunk, the 64 samples before it and a recurrent state. It does not depend on the
 level of the audio the way an energy threshold does: quiet speech is speech, and steady
 noise is not. One network serves every stream of the process; each stream keeps its own
-state (`SpeechDetector`).
+state (`SpeechDetector`), and `detect` runs many streams' chunks in one batch.
 
 `TurnDetector` turns the probabilities into speech started / stopped events, as Silero's
 own `get_speech_timestamps` does: speech starts at a chunk over `threshold`, and stops once
@@ -54,27 +54,48 @@ class SpeechDetector:
     """One stream's speech probabilities: 16 kHz samples in, one probability per 32 ms chunk."""
 
     def __init__(self) -> None:
-        self.model = speech_model()
         self.state = torch.zeros(2, 1, 128)  # the network's recurrent state
         self.context = torch.zeros(1, CONTEXT_SAMPLES)
         self.pending = np.zeros(0, dtype=np.float32)  # samples of the next, incomplete chunk
         self.num_chunks = 0  # chunks analysed
 
-    @torch.inference_mode()
     def push(self, samples: np.ndarray) -> np.ndarray:
         """(n,) float32 16 kHz samples -> (k,) speech probabilities of the chunks they complete."""
+        return detect([self], [samples])[0]
+
+    def take_chunks(self, samples: np.ndarray) -> torch.Tensor:
+        """Add samples -> (k, 512) the chunks they complete (the rest waits for more)."""
         data = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
         n = data.size // CHUNK_SAMPLES
         self.pending = data[n * CHUNK_SAMPLES :]
-        probs = np.empty(n, dtype=np.float32)
-        chunks = torch.from_numpy(data[: n * CHUNK_SAMPLES].reshape(n, 1, CHUNK_SAMPLES))
-        for i in range(n):
-            x = torch.cat([self.context, chunks[i]], dim=1)  # (1, 576)
-            prob, self.state = self.model(x, self.state)
-            self.context = chunks[i][:, -CONTEXT_SAMPLES:]
-            probs[i] = float(prob)
-        self.num_chunks += n
-        return probs
+        return torch.from_numpy(data[: n * CHUNK_SAMPLES].reshape(n, CHUNK_SAMPLES))
+
+
+@torch.inference_mode()
+def detect(detectors: list[SpeechDetector], samples: list[np.ndarray]) -> list[np.ndarray]:
+    """Each detector's new samples -> the speech probabilities of the chunks they complete.
+
+    The network runs once per round over every stream with a chunk left (a batch of streams,
+    each with its own state): with hundreds of sessions one call per chunk and stream costs
+    more than all the rest of the server's Python."""
+    model = speech_model()
+    chunks = [d.take_chunks(x) for d, x in zip(detectors, samples, strict=True)]
+    probs = [np.empty(c.shape[0], dtype=np.float32) for c in chunks]
+    for r in range(max((c.shape[0] for c in chunks), default=0)):
+        active = [i for i, c in enumerate(chunks) if c.shape[0] > r]
+        new = torch.stack([chunks[i][r] for i in active])  # (b, 512)
+        x = torch.cat([torch.cat([detectors[i].context for i in active]), new], dim=1)  # (b, 576)
+        state = torch.cat([detectors[i].state for i in active], dim=1)  # (2, b, 128)
+        prob, state = model(x, state)  # (b, 1), (2, b, 128)
+        values = prob[:, 0].tolist()
+        for row, i in enumerate(active):
+            d = detectors[i]
+            d.state = state[:, row : row + 1]
+            d.context = new[row : row + 1, -CONTEXT_SAMPLES:]
+            probs[i][r] = values[row]
+    for d, p in zip(detectors, probs, strict=True):
+        d.num_chunks += p.size
+    return probs
 
 
 @dataclass

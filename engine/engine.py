@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from audio.vad import detect
 from engine.config import EngineConfig
 from engine.mm_window import window_pieces
 from engine.model import ModelBundle
@@ -141,6 +142,16 @@ class Engine:
         worker process, where there is one): items of those content hashes skip processing."""
         self.runner.inject(hashes, features)
 
+    def hear(self) -> None:
+        """Run the VAD over the audio every stream got since the last call, the streams in one
+        batch. Whatever reads where speech is (scheduling, the commit step, a final falling
+        due) calls this first, so a stream's speech is always tracked up to its audio."""
+        streams = [s for s in self.streams.values() if s.unheard]
+        if streams:
+            probs = detect([s.vad for s in streams], [s.take_unheard() for s in streams])
+            for stream, p in zip(streams, probs, strict=True):
+                stream.hear(p)
+
     # ------------------------------------------------------------------ step
 
     def step(self) -> list[EngineOutput]:
@@ -158,6 +169,7 @@ class Engine:
         the scheduler skips it, so the next step can be scheduled while this one executes.
         """
         self.stop_partials.clear()
+        self.hear()
         scheduled = self.scheduler.schedule(s.request for s in self.streams.values())
         self.num_due_at_schedule = self.scheduler.num_due
         if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
@@ -193,6 +205,7 @@ class Engine:
 
     def update_from_output(self, output: RunnerOutput) -> list[EngineOutput]:
         """The commit step: apply each window's result to its stream."""
+        self.hear()
         self.last_stats = StepStats(output.num_windows, output.num_encoder_calls,
                                     output.num_encoded_items, output.num_fallbacks)
         self.processor_counts = output.processor_counts
@@ -220,12 +233,14 @@ class Engine:
         end) that was not due when the last step was scheduled. A final due then and left out
         of a step of partials could not be placed; giving up partials for it would starve
         them and leave it where it was."""
+        self.hear()
         streams = self.streams
         return any(rid in streams and (streams[rid].request.due_number or 0) > self.num_due_at_schedule
                    for rid in request_ids)
 
     def has_work(self) -> bool:
         """Whether a request is ready to be scheduled (not counting those in flight)."""
+        self.hear()
         return any(self.scheduler.is_ready(s.request) for s in self.streams.values())
 
     @property

@@ -23,7 +23,13 @@ import torch
 
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from engine.model import ModelBundle
-from engine.model.decoding import DecodingCancelled, DecodingOptions, DecodingResult, decode_batch
+from engine.model.decoding import (
+    DecodingCancelled,
+    DecodingOptions,
+    DecodingResult,
+    copies_prompt,
+    decode_batch,
+)
 from engine.model.timing import align
 from engine.model.transcribe import TEMPERATURES, decode_with_fallback
 from engine.processor_cache import ProcessorCache
@@ -234,13 +240,18 @@ class ModelRunner:
                     decoded.append(e)
         kept: list[DecodingResult | Exception] = []
         for b, (window, opts, d) in enumerate(zip(windows, options, decoded, strict=True)):
-            if window.commits_whole and isinstance(d, DecodingResult) and d.needs_fallback \
-                    and not d.is_silence:
-                # this decode is committed as is (no agreement check): as offline Whisper,
-                # re-decode a loop, a skip or a budget overrun at rising temperatures
+            if not (window.commits_whole and isinstance(d, DecodingResult)) or d.is_silence:
+                kept.append(d)
+                continue
+            # this decode is committed as is (no agreement check): as offline Whisper,
+            # re-decode a loop, a skip or a budget overrun at rising temperatures, and a copy
+            # of the prompt's last sentence without the prompt
+            copied = copies_prompt(tokenizer, d.tokens, opts.prompt)
+            if d.needs_fallback or copied:
                 try:
-                    d = decode_with_fallback(self.bundle, features[b : b + 1], opts.prompt,
-                                             opts.audio_seconds, TEMPERATURES[1:],
+                    d = decode_with_fallback(self.bundle, features[b : b + 1],
+                                             [] if copied else opts.prompt, opts.audio_seconds,
+                                             TEMPERATURES if copied else TEMPERATURES[1:],
                                              [(k[b : b + 1], v[b : b + 1]) for k, v in cross])
                 except Exception as e:  # failed below, for this session alone
                     d = e

@@ -92,9 +92,12 @@ class Stream:
         self.request = Request(request_id)
         self.framer = AudioFramer(config.item_samples)
         self.vad = SpeechDetector()  # fed the timeline's samples, padding included
+        self.unheard: list[np.ndarray] = []  # samples added since the VAD last ran (Engine.hear)
         self.speech_probs: deque[float] = deque()  # VAD chunks from `first_chunk` on
         self.first_chunk = 0
-        self.in_speech = False  # the last item was speech
+        self.in_speech = False  # the last item tracked was speech
+        self.num_tracked = 0  # items whose speech is tracked
+        self.num_flushed = 0  # items before the last flush: tracked without waiting for a chunk
         self.speech = SpeechMap(config.vad_threshold)
         self.policy = LocalAgreement()
         self.padding = PaddingMap()
@@ -123,9 +126,7 @@ class Stream:
         if self.request.input_finished:
             raise ValueError(f"request {self.request_id!r} is finished; no more audio")
         samples = np.asarray(samples, np.float32)
-        probs = self.vad.push(samples)
-        self.speech_probs.extend(probs)
-        self.speech.push(probs)
+        self.unheard.append(samples)
         self._add_items(self.framer.push(samples))
 
     def flush(self) -> None:
@@ -143,10 +144,9 @@ class Stream:
     def _flush_framer(self) -> None:
         framer = self.framer
         padding = -framer.num_samples % framer.item_samples  # what flush() adds
-        probs = self.vad.push(np.zeros(padding, np.float32))
-        self.speech_probs.extend(probs)
-        self.speech.push(probs)
+        self.unheard.append(np.zeros(padding, np.float32))
         self._add_items(framer.flush())
+        self.num_flushed = self.request.num_items
         if padding:
             self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
 
@@ -156,12 +156,35 @@ class Stream:
             offset = request.num_positions
             request.mm_features.append(MMFeature(item_hash(context, self.key),
                                                  PlaceholderRange(offset, self.item_positions), context))
-            self._track_speech(request.num_items - 1)
+
+    # ------------------------------------------------------------------ speech
+
+    def take_unheard(self) -> np.ndarray:
+        """The samples added since the VAD last ran, for Engine.hear."""
+        samples = np.concatenate(self.unheard) if len(self.unheard) != 1 else self.unheard[0]
+        self.unheard = []
+        return samples
+
+    def hear(self, probs: np.ndarray) -> None:
+        """The VAD's probabilities of the chunks the taken samples completed: track the speech
+        of every item they cover. An item waits for the chunk across its end (so the decision
+        does not depend on how the audio arrived), except before a flush, where none follows."""
+        self.speech_probs.extend(probs)
+        self.speech.push(probs)
+        size = self.config.item_samples
+        heard = self.vad.num_chunks * CHUNK_SAMPLES
+        while self.num_tracked < self.request.num_items:
+            end = (self.num_tracked + 1) * size
+            if -(-end // CHUNK_SAMPLES) * CHUNK_SAMPLES > heard and self.num_tracked >= self.num_flushed:
+                break
+            self._track_speech(self.num_tracked)
+            self.num_tracked += 1
 
     def _is_speech(self, item: int) -> bool:
         """Whether the VAD heard speech in the item: a chunk over it at or above the threshold,
         or, right after speech, at or above the threshold less Silero's hysteresis. (The last
-        chunk of an item may not be analysed yet: it counts for the next one.)"""
+        chunk of an item, when a flush padded it, may not be analysed yet: it counts for the
+        next one.)"""
         size = self.config.item_samples
         start, end = item * size, (item + 1) * size
         probs = self.speech_probs
@@ -183,7 +206,7 @@ class Stream:
         The window that reaches it ends there and is final: committed whole, one decode of a
         complete utterance with no agreement to wait for."""
         request = self.request
-        end = request.num_positions
+        end = (item + 1) * self.item_positions
         if self._is_speech(item):
             request.last_speech_end = end
         elif self.endpoint_positions is None:

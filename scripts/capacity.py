@@ -14,7 +14,7 @@ The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s.
 
     scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
         [--preview-pad-seconds 0] [--endpoint-ms 400] [--rotate] [--max-batch 4] [--max-finals 1] \
-        [--worker thread] [--json out.json]
+        [--worker thread] [--device cuda] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.replay import percentile, replay_session  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.model import ModelBundle, load_bundle  # noqa: E402
 from scripts.wer import word_errors  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
@@ -54,10 +55,10 @@ def passages(rotate: int) -> tuple[np.ndarray, str, list[int]]:
     return samples.numpy(), reference, ends
 
 
-async def run(n: int, config: EngineConfig, rotate: bool) -> dict:
+async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="voxtide-capacity-"))
     audio = [passages(i % len(ARCTIC_IDS) if rotate else 0) for i in range(n)]
-    async with running_server(folder, config, max_sessions=max(16, n)) as server:
+    async with running_server(folder, config, model=model, max_sessions=max(16, n)) as server:
 
         async def one(i: int):
             await asyncio.sleep(0.3 * i)
@@ -94,9 +95,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", choices=("process", "thread"), default="process",
                         help="where the model runs (`voxtide serve`: a process)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the model's device)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    model = load_bundle(device=args.device)
     samples, _, _ = passages(0)
     config = EngineConfig(max_num_seqs=args.max_batch, max_partials=args.max_partials,
                           decode_interval_ms=args.decode_interval_ms, pad_seconds=args.pad_seconds,
@@ -108,13 +111,13 @@ def main() -> int:
           f"{args.endpoint_ms}, max batch {args.max_batch}, max finals {args.max_finals or 'default'}, "
           f"decode interval "
           f"{args.decode_interval_ms} ms, agree after {args.agree_after_ms} ms, {args.threads} threads, "
-          f"model in a {args.worker}, "
+          f"model in a {args.worker} on {model.device} ({model.model.dtype}), "
           f"{samples.shape[0] / 16000:.1f} s per session"
           + (", rotated" if args.rotate else ", all in step"))
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")
     rows = []
     for n in args.sessions:
-        row = asyncio.run(run(n, config, args.rotate))
+        row = asyncio.run(run(n, config, args.rotate, model))
         rows.append(row)
         print(f"{n:8d} {row['p50']:6.2f} {row['p95']:6.2f} {row['max_lag']:7.2f} {row['wer']:6.1%}"
               + (f"  server errors {row['server_errors']}" if row["server_errors"] else ""), flush=True)

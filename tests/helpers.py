@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -11,6 +12,9 @@ import torch
 from audio import load_audio
 
 DATA = Path("/usr/share/pocketsphinx/test/data")
+# The tests run the model on the CPU unless VOXTIDE_TEST_DEVICE names another (cuda): the
+# token-for-token references are CPU float32 runs.
+DEVICE = os.environ.get("VOXTIDE_TEST_DEVICE", "cpu")
 LIBRIVOX = DATA / "librivox"
 CARDS = DATA / "cards"
 ARCTIC_IDS = ["0870", "0880", "0890", "0920", "0930"]
@@ -41,10 +45,11 @@ def audio(path: Path) -> torch.Tensor:
 
 @lru_cache(maxsize=1)
 def bundle():
-    """The model as the server runs it (bf16 parts where the CPU has native bf16)."""
+    """The model as the server runs it (bf16 parts where the CPU has native bf16; float16
+    on CUDA)."""
     from engine.model import load_bundle
 
-    return load_bundle(device="cpu")
+    return load_bundle(device=DEVICE)
 
 
 @lru_cache(maxsize=1)

@@ -19,12 +19,15 @@ from app.server import Server
 from audio.io import float_to_pcm16
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.model import ModelBundle
 from tests.helpers import bundle
 
 
 @asynccontextmanager
-async def running_server(tmp_path: Path, engine_config: EngineConfig | None = None, **config: Any):
-    server = Server(Engine(bundle(), engine_config),
+async def running_server(tmp_path: Path, engine_config: EngineConfig | None = None, *,
+                         model: ModelBundle | None = None, **config: Any):
+    """A server on port 0 in this event loop (model: the tests' bundle() unless given)."""
+    server = Server(Engine(model or bundle(), engine_config),
                     ServerConfig(port=0, data_dir=tmp_path / "data", **config))
     await server.start()
     try:

@@ -7,7 +7,7 @@ from audio import AudioError, load_audio, pcm_to_float, resample
 from audio.frames import CONTEXT_AFTER, ITEM_SAMPLES, AudioFramer
 from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
 from audio.stream import StreamResampler
-from audio.vad import SpeechDetector, TurnDetector
+from audio.vad import SpeechDetector, TurnDetector, detect
 from tests.helpers import audio, librivox_path
 
 
@@ -165,3 +165,26 @@ def test_the_vad_hears_no_speech_in_noise(kind):
     noise = (noise / np.sqrt(np.mean(noise**2)) * 10 ** (-40 / 20)).astype(np.float32)  # -40 dBFS
     probs = SpeechDetector().push(noise)
     assert probs.size == noise.size // 512 and float(np.mean(probs >= 0.5)) < 0.02
+
+
+def test_streams_detected_in_one_batch_get_their_own_probabilities():
+    """`detect` runs several streams' chunks through one batched call; each stream keeps its
+    own state, so its probabilities are those it gets alone, however its audio is cut."""
+    clips = [audio(librivox_path(c)).numpy() for c in ("0870", "0880", "0890")]
+    alone = [SpeechDetector().push(c) for c in clips]
+    detectors = [SpeechDetector() for _ in clips]
+    got: list[list[np.ndarray]] = [[] for _ in clips]
+    rng = np.random.default_rng(0)
+    cuts = [0, 0, 0]
+    while any(cut < c.size for cut, c in zip(cuts, clips, strict=True)):
+        pieces = []
+        for i, c in enumerate(clips):  # uneven pieces, some streams with nothing new
+            n = int(rng.integers(0, 4000))
+            pieces.append(c[cuts[i] : cuts[i] + n])
+            cuts[i] += n
+        for i, p in enumerate(detect(detectors, pieces)):
+            got[i].append(p)
+    for i, want in enumerate(alone):
+        np.testing.assert_allclose(np.concatenate(got[i]), want, atol=1e-5)
+        assert detectors[i].num_chunks == want.size == clips[i].size // 512
+    assert max(float(p.max()) for p in alone) > 0.9  # there is speech to find

@@ -63,11 +63,13 @@ def test_item_stem_equals_whole_window_stem():
     padded = torch.nn.functional.pad(samples, (0, len(contexts) * 1280 - len(samples)))
     mel = normalize_log_mel(log_mel_power(padded), STREAM_LOG_FLOOR)
     with torch.inference_mode():
-        whole = model.encoder.stem(mel[None])[0]
+        whole = model.encoder.stem(mel[None].to(model.device, model.dtype))[0]
     assert whole.shape == per_item.shape
     # at the two ends the whole-window STFT reflects and the conv pads with zeros, where
-    # items see silence; everywhere between, per-item computation is the same
-    assert (whole[4:-4] - per_item[4:-4]).abs().max().item() < 1e-4
+    # items see silence; everywhere between, per-item computation is the same (to float16's
+    # rounding on CUDA)
+    tolerance = 1e-4 if model.dtype == torch.float32 else 1e-2
+    assert (whole[4:-4] - per_item[4:-4]).abs().max().item() < tolerance
 
 
 def test_streaming_matches_offline_transcription():
@@ -273,18 +275,23 @@ def test_an_endpoint_comes_after_whole_silent_items(endpoint_ms, silent_items):
     engine.add_request("s")
     speech = audio(librivox_path("0870")).numpy()
     engine.add_audio("s", speech[: np.nonzero(np.abs(speech) > 0.05)[0][-1]])  # up to its last word
-    request = engine.streams["s"].request
+    stream = engine.streams["s"]
+    request = stream.request
     for _ in range(8):  # then silence, one item at a time
+        engine.hear()
         if request.endpoints:
             break
         engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
-    assert list(request.endpoints) == [request.num_positions]
+    # at the end of the last item the VAD has heard whole (the next waits for its last chunk)
+    assert list(request.endpoints) == [stream.num_tracked * stream.item_positions]
+    assert request.num_positions - request.endpoints[0] <= stream.item_positions
     silence = request.endpoints[0] - request.last_speech_end
-    assert silence // engine.streams["s"].item_positions == silent_items
+    assert silence // stream.item_positions == silent_items
 
 
 def test_finals_per_step_default_to_two_on_the_cpu():
-    assert Engine(bundle()).scheduler.config.max_finals == 2
+    on_cpu = bundle().device.type == "cpu"
+    assert Engine(bundle()).scheduler.config.max_finals == (2 if on_cpu else None)
     assert Engine(bundle(), EngineConfig(max_finals=5)).scheduler.config.max_finals == 5
     with pytest.raises(ValueError, match="max_finals"):
         Engine(bundle(), EngineConfig(max_finals=0))
@@ -582,3 +589,35 @@ def test_words_after_a_long_pause_are_timed_from_the_audio():
     assert not inside and len(words) > 10, inside
     after = [w for w in words if w.start_ms > gap_start]
     assert after and abs(after[0].start_ms - onset) <= 300, (after[0], onset)
+
+
+def test_where_speech_is_does_not_depend_on_how_the_audio_arrives():
+    """The VAD runs when the engine next needs it (Engine.hear), over whatever came in since;
+    an item's speech is decided once the chunk across its end is heard, so each item's
+    decision, the pauses and the endpoints come out the same for 100 ms messages, for one
+    item at a time and for odd sizes."""
+    samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=0.4)
+    samples = samples.numpy()
+
+    def track(size: int) -> tuple[dict[int, int], list[int]]:
+        """-> (items tracked -> the end of the last speech then, after each hear; endpoints)"""
+        engine = Engine(bundle())
+        engine.add_request("s")
+        stream = engine.streams["s"]
+        trace = {}
+        for i in range(0, samples.size, size):
+            engine.add_audio("s", samples[i : i + size])
+            engine.hear()
+            trace[stream.num_tracked] = stream.request.last_speech_end
+        engine.flush("s")
+        engine.hear()
+        return trace, list(stream.request.endpoints)
+
+    trace, endpoints = track(1600)
+    assert len(endpoints) >= len(ARCTIC_IDS)  # the pauses, and the end before the flush's padding
+    for size in (1280, 517):  # one item a time: its last chunk comes with the next
+        other, other_endpoints = track(size)
+        assert other_endpoints == endpoints
+        common = trace.keys() & other.keys()
+        assert len(common) > len(trace) // 3
+        assert {k: trace[k] for k in common} == {k: other[k] for k in common}

@@ -26,16 +26,16 @@ def window_mel(clip: str) -> torch.Tensor:
 def greedy(model, mel: torch.Tensor, prompt: list[int], steps: int = 60) -> list[int]:
     """Plain greedy decoding with no logit rules, to compare raw models."""
     with torch.inference_mode():
-        xa = model.encoder(mel)
+        xa = model.encoder(mel.to(model.device, model.dtype))
         cache = model.decoder.new_cache()
-        logits = model.decoder(torch.tensor([prompt]), xa, cache)
+        logits = model.decoder(torch.tensor([prompt], device=model.device), xa, cache)
         out: list[int] = []
         for _ in range(steps):
             token = int(logits[0, -1].argmax())
             if token == 50256:
                 break
             out.append(token)
-            logits = model.decoder(torch.tensor([[token]]), None, cache)
+            logits = model.decoder(torch.tensor([[token]], device=model.device), None, cache)
     return out
 
 
@@ -143,13 +143,14 @@ def test_missing_corrupt_and_unknown_checkpoints(tmp_path):
 
 @pytest.mark.parametrize("clip", ARCTIC_IDS)
 def test_16_bit_parts_keep_greedy_words(clip):
-    """The fast CPU path (bf16 encoder blocks and projection where the CPU has them, else an
-    fp16 projection) decodes the same words as float32 throughout; bf16 may move a comma
-    (0890 gets "selfish, is")."""
+    """The server's model decodes the same words as float32 throughout: on the CPU, bf16
+    encoder blocks and projection where the CPU has them, else an fp16 projection; on CUDA,
+    float16. bf16 may move a comma (0890 gets "selfish, is")."""
     mel = window_mel(clip)
     fast, exact = bundle(), exact_bundle()
-    assert fast.model.decoder.projection is not None
-    if cpu_has_bf16():
+    on_cpu = fast.device.type == "cpu"
+    assert fast.model.decoder.projection is not None or not on_cpu
+    if on_cpu and cpu_has_bf16():
         assert fast.model.encoder.blocks[0].mlp[0].weight.dtype == torch.bfloat16
     expected = exact.tokenizer.decode(greedy(exact.model, mel, [50257, 50362]))
     got = fast.tokenizer.decode(greedy(fast.model, mel, [50257, 50362]))
@@ -157,13 +158,39 @@ def test_16_bit_parts_keep_greedy_words(clip):
     assert normalize(got) == normalize(expected)
 
 
+def test_a_bf16_projection_decides_as_float32():
+    """The bfloat16 projection copy (the CPU's fast path) finds the tokens near the best and
+    computes those, and the timestamps, again in float32: greedy choices and the timestamp
+    rule see float32 logits. (Rounded to bfloat16, the logits sent a 2.5-minute file astray.)"""
+    model = load_bundle(device="cpu", bf16=False).model
+    model.set_projection_dtype(None)
+    mel = window_mel("0890")
+    prompt = [50257, 50362]
+    tokens = torch.tensor([prompt + greedy(model, mel, prompt)])
+    with torch.inference_mode():
+        hidden = model.decoder.hidden(tokens, model.encoder(mel), model.decoder.new_cache())[0]
+        exact = model.decoder.logits(hidden, 50257)  # (T, vocab)
+        model.set_projection_dtype(torch.bfloat16)
+        fast = model.decoder.logits(hidden, 50257)
+    assert tokens.shape[1] > 10
+    text = slice(0, 50257)  # the text tokens and end-of-text (the specials are never chosen)
+    assert torch.equal(fast[:, text].argmax(-1), exact[:, text].argmax(-1))
+    near = exact[:, text] >= exact[:, text].amax(-1, keepdim=True) - 0.3
+    assert (fast[:, text] - exact[:, text])[near].abs().max().item() < 1e-4
+    ts = 50363
+    assert (fast[:, ts:] - exact[:, ts:]).abs().max().item() < 1e-4
+    assert (fast - exact).abs().max().item() > 1e-3  # the rest is bfloat16's: the copy is used
+
+
 def three_windows() -> tuple[torch.Tensor, list[int], list[DecodingOptions]]:
     """Encoder features of three real windows, a real prompt, and options with prompts of
     different lengths (the batch is left-padded)."""
     b = bundle()
     with torch.inference_mode():
-        features = b.model.encoder(torch.cat([window_mel(c) for c in ("0870", "0890", "0930")]))
-        prompt = decode(b.model, b.tokenizer, b.model.encoder(window_mel("0920")),
+        mels = torch.cat([window_mel(c) for c in ("0870", "0890", "0920", "0930")])
+        mels = mels.to(b.device, b.model.dtype)
+        features = b.model.encoder(mels[[0, 1, 3]])
+        prompt = decode(b.model, b.tokenizer, b.model.encoder(mels[2:3]),
                         DecodingOptions(timestamps=False), b.suppress).tokens
     options = [DecodingOptions(prompt=prompt, audio_seconds=7.1),
                DecodingOptions(audio_seconds=5.3),  # no prompt: 1 + len(prompt) shorter

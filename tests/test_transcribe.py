@@ -93,3 +93,46 @@ def test_cli_transcribe_json_and_bad_file(tmp_path):
     out = run_cli("transcribe", "--model", str(tmp_path / "missing"), str(resampled))
     assert out.returncode == 2
     assert "does not exist" in out.stderr
+
+
+def test_a_decode_that_copies_the_prompts_last_sentence_is_done_again_without_it(monkeypatch):
+    """A window whose decode opens with the prompt's last sentence, word for word, is decoded
+    again without the prompt (the decoder read the text before the window instead of the
+    window); other decodes, and short repeats, stand."""
+    from engine.model import transcribe as transcribe_module
+    from engine.model.decoding import DecodingOptions, copies_prompt, decode
+    from tests.test_model import window_mel
+
+    b = bundle()
+    model, tokenizer, ts = b.model, b.tokenizer, b.tokenizer.timestamp_begin
+    features = {c: model.encoder(window_mel(c).to(model.device, model.dtype)) for c in ("0870", "0880")}
+    said = {c: decode(model, tokenizer, f, DecodingOptions(), b.suppress).tokens for c, f in features.items()}
+    prompt = said["0870"]  # "<|0.00|> And Mr. John Dashwood ... for them.<|7.00|>" in Whisper's form
+    assert prompt[0] >= ts and prompt[-1] >= ts and len(tokenizer.decode(prompt).split()) > 10
+    assert copies_prompt(tokenizer, said["0870"], said["0880"] + prompt)
+    assert not copies_prompt(tokenizer, said["0880"], prompt)
+    assert not copies_prompt(tokenizer, said["0870"], [])
+    short = [ts, *tokenizer_words(tokenizer, said["0880"], 2), ts + 50]
+    assert not copies_prompt(tokenizer, short, short)  # "He was" twice is no copy
+
+    prompts = []
+
+    def copying(model_, tokenizer_, features_, options, suppress, cross=None):
+        prompts.append(list(options.prompt))
+        if options.prompt:  # as the decoder that read the prompt instead of the audio
+            return decode(model_, tokenizer_, features["0870"], DecodingOptions(), suppress)
+        return decode(model_, tokenizer_, features_, options, suppress, cross)
+
+    monkeypatch.setattr(transcribe_module, "decode", copying)
+    result = transcribe_module.decode_with_fallback(b, features["0880"], prompt, 3.0)
+    assert prompts == [prompt, []]
+    assert result.tokens == said["0880"]
+
+
+def tokenizer_words(tokenizer, tokens: list[int], n: int) -> list[int]:
+    """The text tokens of the first `n` words of a decode."""
+    text = [t for t in tokens if t < tokenizer.timestamp_begin]
+    for k in range(1, len(text) + 1):
+        if len(tokenizer.decode(text[:k]).split()) > n:
+            return text[: k - 1]
+    return text

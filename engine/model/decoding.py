@@ -9,6 +9,7 @@ tokens, timestamp pairing and monotonicity, a cap on the first and on the last t
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ COMPRESSION_RATIO_THRESHOLD = 2.4
 LOGPROB_THRESHOLD = -1.0
 NO_SPEECH_THRESHOLD = 0.6
 MAX_PROMPT_TOKENS = 223  # n_text_ctx // 2 - 1
+MIN_COPIED_WORDS = 3  # a shorter segment said again is no sign of copying ("Yes. Yes.")
 
 
 @dataclass
@@ -78,6 +80,33 @@ class DecodingResult:
     @property
     def is_silence(self) -> bool:
         return self.no_speech_prob > NO_SPEECH_THRESHOLD and self.avg_logprob < LOGPROB_THRESHOLD
+
+
+def _segment_words(tokenizer: Tokenizer, tokens: list[int]) -> list[str]:
+    return re.findall(r"[a-z0-9']+", tokenizer.decode(tokens).lower())
+
+
+def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) -> bool:
+    """Whether a decode opens with the prompt's last segment, word for word: the decoder
+    copying the text before the window instead of hearing the window (long-form prompts
+    invite it; a sentence said twice in a row is rare, and decoding again without the
+    prompt gives it back if it was said)."""
+    ts = tokenizer.timestamp_begin
+    text = [i for i, t in enumerate(prompt) if t < ts]
+    if not text:
+        return False
+    start = text[-1]  # the last segment: the text tokens before the prompt's last timestamps
+    while start > 0 and prompt[start - 1] < ts:
+        start -= 1
+    last = _segment_words(tokenizer, prompt[start : text[-1] + 1])
+    first: list[int] = []  # the decode's first segment
+    for t in tokens:
+        if t >= ts:
+            if first:
+                break
+            continue
+        first.append(t)
+    return len(last) >= MIN_COPIED_WORDS and _segment_words(tokenizer, first) == last
 
 
 def compression_ratio(text: str) -> float:
@@ -305,7 +334,7 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
         ragged = any(len(feeds[r]) != width or rests[r] for r in active)
         hidden = model.decoder.hidden(tokens.to(device), xa, cache,
                                       valid.to(device) if ragged else None)  # (B', width, D)
-        logits = model.decoder.logits(hidden[wanted.to(device)])  # (wanted positions, vocab)
+        logits = model.decoder.logits(hidden[wanted.to(device)], eot + 1)  # (wanted, vocab)
         keys_before = cache.num_tokens - width
         offset = 0
         for j, r in enumerate(active):

@@ -329,8 +329,8 @@ def load_model(
     dtype defaults to float16 on CUDA and float32 on the CPU. A float32 model on the CPU
     runs faster parts in 16 bits: with `bf16` (default: where the CPU has native bf16) the
     encoder's transformer blocks and a copy of the output projection are bfloat16 (1.8x and
-    3x faster here, same transcripts on the test recordings, see docs/performance.md); without it the
-    projection copy is float16.
+    3x faster here, see docs/performance.md; the projection computes the logits that decide
+    again in float32, `TextDecoder.logits`); without it the projection copy is float16.
     """
     path = Path(path) if path is not None else default_model_path()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

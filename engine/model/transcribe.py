@@ -16,7 +16,7 @@ from audio.mel import FRAMES_PER_SECOND, N_FRAMES, N_SAMPLES, log_mel_spectrogra
 from audio.vad import SpeechDetector
 from engine.config import EngineConfig
 from engine.model import ModelBundle
-from engine.model.decoding import DecodingOptions, DecodingResult, decode
+from engine.model.decoding import DecodingOptions, DecodingResult, copies_prompt, decode
 from engine.model.timing import align
 from engine.speech_map import SpeechMap
 from engine.timeline import SAMPLE_RATE, positions_to_seconds
@@ -50,15 +50,19 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
                          audio_seconds: float, temperatures: tuple[float, ...] = TEMPERATURES,
                          cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
                          ) -> DecodingResult:
-    """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter.
+    """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter. A
+    decode that copies the prompt's last sentence is done again without the prompt.
     `cross`: `cross_kv` of `features` if already computed (else computed once here)."""
     if cross is None:
         cross = bundle.model.decoder.cross_kv(features)
     result = None
     for t in temperatures:
-        options = DecodingOptions(prompt=prompt if t <= 0.5 else [], temperature=t,
-                                  audio_seconds=audio_seconds)
-        result = decode(bundle.model, bundle.tokenizer, features, options, bundle.suppress, cross)
+        for attempt in (prompt if t <= 0.5 else [], []):
+            options = DecodingOptions(prompt=attempt, temperature=t, audio_seconds=audio_seconds)
+            result = decode(bundle.model, bundle.tokenizer, features, options, bundle.suppress, cross)
+            if not copies_prompt(bundle.tokenizer, result.tokens, attempt):
+                break
+            prompt = []
         if result.is_silence or not result.needs_fallback:
             break
     assert result is not None
