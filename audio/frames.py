@@ -16,7 +16,10 @@ from audio.mel import HOP_LENGTH, N_FFT, log_mel_power, normalize_log_mel
 ITEM_SAMPLES = 1280  # 80 ms
 CONTEXT_BEFORE = 2 * HOP_LENGTH + N_FFT // 2  # 520: two mel frames + half an FFT window
 CONTEXT_AFTER = N_FFT // 2  # 200: half an FFT window past the last mel frame
-STREAM_LOG_FLOOR = -7.0  # fixed clamp floor (log10 power) for streaming; see below
+STREAM_LOG_FLOOR = -7.0  # the streaming clamp floor's upper bound (log10 power); see below
+LOWEST_LOG_FLOOR = -11.0  # its lower bound
+FLOOR_STEP = 0.25  # floors are rounded to this: few distinct item hashes
+DYNAMIC_RANGE = 8.0  # Whisper's floor: the loudest bin - 80 dB
 
 
 class AudioFramer:
@@ -74,12 +77,32 @@ class AudioFramer:
         return out
 
 
-def item_log_mel(contexts: torch.Tensor, n_mels: int = 80) -> torch.Tensor:
-    """(N, context) samples -> (N, n_mels, frames + 3) normalized log-mel with stem context.
+class LogFloor:
+    """A session's log-mel clamp floor, item by item.
 
-    Whisper clamps the log-mel at the loudest bin of the whole input minus 80 dB, which no
-    causal computation can know; streaming clamps at a fixed floor instead (the value that
-    loud speech, log10 power ~1, gives), so an item's features depend on its samples alone.
-    """
+    Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
+    counts from the loudest bin of the session so far (the item itself included), so the
+    floor is causal and each item's features depend on its samples and its floor alone (both
+    in its hash). Bounded: loud speech (loudest bins near 1) gives the upper bound, -7; speech
+    30 dB quieter about -10, where a fixed -7 clipped half of its range away."""
+
+    def __init__(self, n_mels: int = 80):
+        self.n_mels = n_mels
+        self.loudest = -np.inf  # log10 mel power
+
+    def push(self, context: np.ndarray) -> float:
+        """An item's PCM context -> its floor."""
+        log_spec = log_mel_power(torch.from_numpy(context), self.n_mels, center=False)
+        self.loudest = max(self.loudest, float(log_spec.max()))
+        floor = round((self.loudest - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
+        return min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
+
+
+def item_log_mel(contexts: torch.Tensor, n_mels: int = 80,
+                 floors: torch.Tensor | float = STREAM_LOG_FLOOR) -> torch.Tensor:
+    """(N, context) samples, (N,) floors -> (N, n_mels, frames + 3) normalized log-mel with
+    stem context (the floors from `LogFloor`)."""
     log_spec = log_mel_power(contexts, n_mels, center=False)
-    return normalize_log_mel(log_spec, STREAM_LOG_FLOOR)
+    if isinstance(floors, torch.Tensor):
+        floors = floors.to(log_spec.dtype)[:, None, None]
+    return normalize_log_mel(log_spec, floors)

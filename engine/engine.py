@@ -80,7 +80,8 @@ class Engine:
     def add_request(self, request_id: str) -> None:
         if request_id in self.streams:
             raise ValueError(f"request {request_id!r} already exists")
-        stream = Stream(request_id, self.config, self._hash_key, self.bundle.tokenizer.timestamp_begin)
+        stream = Stream(request_id, self.config, self._hash_key, self.bundle.tokenizer.timestamp_begin,
+                        self.bundle.model.dims.n_mels)
         self.streams[request_id] = stream
         self.scheduler.add_request(stream.request)
 

@@ -62,7 +62,8 @@ class ModelInput:
     """One step as the runner sees it (a snapshot: the engine's requests may change meanwhile)."""
 
     windows: list[WindowInput] = field(default_factory=list)
-    new_items: dict[str, np.ndarray] = field(default_factory=dict)  # hash -> item PCM context
+    # hash -> (item PCM context, its log-mel floor)
+    new_items: dict[str, tuple[np.ndarray, float]] = field(default_factory=dict)
     freed_mm_hashes: list[str] = field(default_factory=list)  # evicted: drop their tensors
 
 
@@ -104,11 +105,9 @@ class ModelRunner:
         self.dtype = self.model.dtype
         self.processor_cache = processor_cache or ProcessorCache()
         self.encoder_cache: dict[str, torch.Tensor] = {}  # hash -> (positions, n_state)
+        self.floors: dict[str, float] = {}  # hash -> the item's log-mel floor
+        self.pads: dict[float, torch.Tensor] = {}  # floor -> (n_state,) stem output of padding
         self.stop_event = threading.Event()  # set to give up the step of partials in flight
-        with torch.inference_mode():
-            n_mels = self.model.dims.n_mels
-            silence = torch.full((1, n_mels, 11), (STREAM_LOG_FLOOR + 4.0) / 4.0)
-            self.pad = self._stem(silence)[0, 0]  # (n_state,) stem output of padding
 
     @property
     def alive(self) -> bool:
@@ -127,6 +126,15 @@ class ModelRunner:
         unit = seconds * POSITIONS_PER_SECOND  # seconds are whole
         return min(MAX_WINDOW_POSITIONS, max(unit, -(-num_positions // unit) * unit))
 
+    @torch.inference_mode()
+    def pad(self, floor: float = STREAM_LOG_FLOOR) -> torch.Tensor:
+        """(n_state,) stem output of the padding after a window whose items have this floor
+        (Whisper pads with silence, which its clamp raises to the floor)."""
+        if floor not in self.pads:
+            silence = torch.full((1, self.model.dims.n_mels, 11), (floor + 4.0) / 4.0)
+            self.pads[floor] = self._stem(silence)[0, 0]
+        return self.pads[floor]
+
     def _stem(self, mel: torch.Tensor) -> torch.Tensor:
         """(N, n_mels, 8m + 3) item mel with context -> (N, 4m, n_state)."""
         return self.model.encoder.stem(mel.to(self.device, self.dtype), padding=0)
@@ -141,14 +149,19 @@ class ModelRunner:
         """Compute the stem for all new items of all sessions in one call -> (calls, items)."""
         for mm_hash in inp.freed_mm_hashes:
             self.encoder_cache.pop(mm_hash, None)
+            self.floors.pop(mm_hash, None)
         hashes = [h for h in inp.new_items if h not in self.encoder_cache]
         if not hashes:
             return 0, 0
+        for h in hashes:
+            if inp.new_items[h] is not None:  # (None: processed elsewhere, injected)
+                self.floors[h] = inp.new_items[h][1]
         mels: list[torch.Tensor | None] = [self.processor_cache.get(h) for h in hashes]
         missing = [i for i, m in enumerate(mels) if m is None]
         if missing:
-            contexts = np.stack([inp.new_items[hashes[i]] for i in missing])  # (M, context samples)
-            computed = item_log_mel(torch.from_numpy(contexts), self.model.dims.n_mels)
+            contexts = np.stack([inp.new_items[hashes[i]][0] for i in missing])  # (M, context samples)
+            floors = torch.tensor([inp.new_items[hashes[i]][1] for i in missing])  # (M,)
+            computed = item_log_mel(torch.from_numpy(contexts), self.model.dims.n_mels, floors)
             for j, i in enumerate(missing):
                 mels[i] = computed[j]
                 self.processor_cache.put(hashes[i], computed[j])
@@ -160,9 +173,11 @@ class ModelRunner:
     def gather(self, window: WindowInput, length: int = MAX_WINDOW_POSITIONS) -> torch.Tensor:
         """Embeddings of the window's positions, padded to `length` (30 s) -> (length, n_state)."""
         pieces = [self.encoder_cache[mm_hash][lo:hi] for mm_hash, lo, hi in window.pieces]
-        x = torch.cat(pieces) if pieces else self.pad[None, :0]
+        floor = self.floors.get(window.pieces[-1][0], STREAM_LOG_FLOOR) if pieces else STREAM_LOG_FLOOR
+        pad = self.pad(floor)
+        x = torch.cat(pieces) if pieces else pad[None, :0]
         num_pad = length - x.shape[0]
-        return torch.cat([x, self.pad.expand(num_pad, -1)]) if num_pad > 0 else x
+        return torch.cat([x, pad.expand(num_pad, -1)]) if num_pad > 0 else x
 
     @torch.inference_mode()
     def execute(self, inp: ModelInput, stop: Callable[[], bool] | None = None) -> RunnerOutput:

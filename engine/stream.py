@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from audio.frames import STREAM_LOG_FLOOR, AudioFramer
+from audio.frames import AudioFramer, LogFloor
 from audio.vad import CHUNK_SAMPLES, NEG_THRESHOLD_OFFSET, SpeechDetector
 from engine import commit
 from engine.config import EngineConfig
@@ -48,13 +48,16 @@ class EngineOutput:
 
 def hash_key(model_id: str, item_samples: int) -> bytes:
     """The key of item content hashes: an item's features depend on these too."""
-    params = f"{model_id}:{item_samples}:{STREAM_LOG_FLOOR}"
+    params = f"{model_id}:{item_samples}"
     return hashlib.blake2b(params.encode(), digest_size=16).digest()
 
 
-def item_hash(context: np.ndarray, key: bytes) -> str:
-    """An audio item's content hash: its PCM with context (audio/frames.py), keyed."""
-    return hashlib.blake2b(context.tobytes(), key=key, digest_size=16).hexdigest()
+def item_hash(context: np.ndarray, floor: float, key: bytes) -> str:
+    """An audio item's content hash: its PCM with context (audio/frames.py) and its log-mel
+    floor, keyed."""
+    h = hashlib.blake2b(context.tobytes(), key=key, digest_size=16)
+    h.update(f"{floor:.2f}".encode())
+    return h.hexdigest()
 
 
 class PaddingMap:
@@ -87,10 +90,12 @@ class PaddingMap:
 
 
 class Stream:
-    def __init__(self, request_id: str, config: EngineConfig, key: bytes, timestamp_begin: int):
+    def __init__(self, request_id: str, config: EngineConfig, key: bytes, timestamp_begin: int,
+                 n_mels: int = 80):
         self.config = config
         self.request = Request(request_id)
         self.framer = AudioFramer(config.item_samples)
+        self.floor = LogFloor(n_mels)
         self.vad = SpeechDetector()  # fed the timeline's samples, padding included
         self.unheard: list[np.ndarray] = []  # samples added since the VAD last ran (Engine.hear)
         self.speech_probs: deque[float] = deque()  # VAD chunks from `first_chunk` on
@@ -154,8 +159,10 @@ class Stream:
         request = self.request
         for context in contexts:
             offset = request.num_positions
-            request.mm_features.append(MMFeature(item_hash(context, self.key),
-                                                 PlaceholderRange(offset, self.item_positions), context))
+            floor = self.floor.push(context)
+            request.mm_features.append(MMFeature(item_hash(context, floor, self.key),
+                                                 PlaceholderRange(offset, self.item_positions),
+                                                 (context, floor)))
 
     # ------------------------------------------------------------------ speech
 

@@ -188,3 +188,27 @@ def test_streams_detected_in_one_batch_get_their_own_probabilities():
         np.testing.assert_allclose(np.concatenate(got[i]), want, atol=1e-5)
         assert detectors[i].num_chunks == want.size == clips[i].size // 512
     assert max(float(p.max()) for p in alone) > 0.9  # there is speech to find
+
+
+def test_the_log_mel_floor_follows_the_loudest_bin_of_the_session():
+    """Whisper clamps 80 dB under the loudest bin; streaming counts from the session's loudest
+    bin so far, so speech 20 dB quieter keeps the same bins above the floor as at full level
+    (a fixed floor clipped them away), and the floor never falls as a session goes on."""
+    from audio.frames import LOWEST_LOG_FLOOR, STREAM_LOG_FLOOR, LogFloor
+    from audio.mel import log_mel_power
+
+    samples = audio(librivox_path("0870")).numpy()
+    kept = {}
+    for db in (0, -20):
+        contexts = AudioFramer().push((samples * 10 ** (db / 20)).astype(np.float32))
+        log_floor = LogFloor()
+        floors = [log_floor.push(c) for c in contexts]
+        assert floors == sorted(floors) and LOWEST_LOG_FLOOR <= floors[0] <= floors[-1] <= STREAM_LOG_FLOOR
+        log_spec = log_mel_power(torch.from_numpy(np.stack(contexts)), center=False)  # (n, 80, 11)
+        kept[db] = log_spec > torch.tensor(floors)[:, None, None]
+        if db == -20:
+            assert floors[-1] == pytest.approx(STREAM_LOG_FLOOR - 2.0)
+            clipped_by_fixed_floor = (log_spec <= STREAM_LOG_FLOOR).float().mean().item()
+            bounded = torch.tensor(floors) > LOWEST_LOG_FLOOR  # room noise before the speech: not
+    assert (kept[0][bounded] == kept[-20][bounded]).float().mean().item() > 0.999
+    assert clipped_by_fixed_floor > kept[-20].logical_not().float().mean().item() + 0.2

@@ -165,9 +165,10 @@ def test_processor_cache_inject_skips_processing_and_counts_hits():
     engine.add_audio("r", x)
     request = engine.streams["r"].request
     # features computed "outside" (as a client sending log-mel would): same values
-    contexts = torch.from_numpy(np.stack([f.data for f in request.mm_features]))
+    contexts = torch.from_numpy(np.stack([f.data[0] for f in request.mm_features]))
+    floors = torch.tensor([f.data[1] for f in request.mm_features])
     hashes = [f.identifier for f in request.mm_features]
-    engine.inject(hashes, list(item_log_mel(contexts)))
+    engine.inject(hashes, list(item_log_mel(contexts, 80, floors)))
     for f in request.mm_features:
         f.data = None  # the runner must not need the PCM any more
     engine.flush("r")

@@ -19,11 +19,12 @@ import torch
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from audio.frames import AudioFramer, item_log_mel
+from audio.frames import AudioFramer, LogFloor, item_log_mel
 from engine.config import EngineConfig
+from engine.model.transcribe import transcribe
 from engine.stream import hash_key, item_hash
 from scripts.wer import word_errors
-from tests.helpers import audio, fail_decodes, librivox_path, transcripts
+from tests.helpers import audio, bundle, fail_decodes, librivox_path, transcripts
 from tests.server_client import (
     finals_text,
     listen,
@@ -164,7 +165,10 @@ async def test_realtime_openai_client_with_manual_commits(tmp_path):
 
 
 async def test_realtime_server_vad_commits_each_turn(tmp_path):
-    (first, ref_1), (second, ref_2) = clip("0930"), clip("0880")
+    """Each turn is committed and transcribed as offline Whisper transcribes it (0880 alone is
+    "He was not an old-sposed young man." there too)."""
+    (first, _), (second, _) = clip("0930"), clip("0880")
+    ref_1, ref_2 = (transcribe(bundle(), x).text for x in (first, second))
     gap = torch.zeros(16000)
     stream = torch.cat([gap, first, gap, second, gap])
     async with running_server(tmp_path) as server:
@@ -351,9 +355,12 @@ async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_h
         engine = server.engine
         # the clip's items, processed outside the server (as a client sending log-mel would)
         contexts = AudioFramer(engine.config.item_samples).push(samples.numpy())
+        log_floor = LogFloor()
+        floors = [log_floor.push(c) for c in contexts]
         key = hash_key(engine.bundle.model_id, engine.config.item_samples)
-        hashes = [item_hash(c, key) for c in contexts]
-        engine.inject(hashes, list(item_log_mel(torch.from_numpy(np.stack(contexts)))))
+        hashes = [item_hash(c, f, key) for c, f in zip(contexts, floors, strict=True)]
+        engine.inject(hashes, list(item_log_mel(torch.from_numpy(np.stack(contexts)), 80,
+                                                torch.tensor(floors))))
         messages, _ = await listen(server, samples, encoding="float32")  # the same samples
         assert finals_text(messages) == GOLDEN["0890"]
         assert (await http_get(server, "/healthz"))[0] == 200
