@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from audio.mel import HOP_LENGTH, N_FFT, log_mel_power, normalize_log_mel
+from audio.mel import DYNAMIC_RANGE, HOP_LENGTH, N_FFT, log_mel_power, normalize_log_mel
 
 ITEM_SAMPLES = 1280  # 80 ms
 CONTEXT_BEFORE = 2 * HOP_LENGTH + N_FFT // 2  # 520: two mel frames + half an FFT window
@@ -19,7 +19,6 @@ CONTEXT_AFTER = N_FFT // 2  # 200: half an FFT window past the last mel frame
 STREAM_LOG_FLOOR = -7.0  # the streaming clamp floor's upper bound (log10 power); see below
 LOWEST_LOG_FLOOR = -11.0  # its lower bound
 FLOOR_STEP = 0.25  # floors are rounded to this: few distinct item hashes
-DYNAMIC_RANGE = 8.0  # Whisper's floor: the loudest bin - 80 dB
 
 
 class AudioFramer:

@@ -160,7 +160,7 @@ class ModelRunner:
         missing = [i for i, m in enumerate(mels) if m is None]
         if missing:
             contexts = np.stack([inp.new_items[hashes[i]][0] for i in missing])  # (M, context samples)
-            floors = torch.tensor([inp.new_items[hashes[i]][1] for i in missing])  # (M,)
+            floors = torch.tensor([self.floors[hashes[i]] for i in missing])  # (M,)
             computed = item_log_mel(torch.from_numpy(contexts), self.model.dims.n_mels, floors)
             for j, i in enumerate(missing):
                 mels[i] = computed[j]

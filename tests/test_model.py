@@ -169,9 +169,9 @@ def test_a_bf16_projection_decides_as_float32():
     tokens = torch.tensor([prompt + greedy(model, mel, prompt)])
     with torch.inference_mode():
         hidden = model.decoder.hidden(tokens, model.encoder(mel), model.decoder.new_cache())[0]
-        exact = model.decoder.logits(hidden, 50257)  # (T, vocab)
+        exact = model.decoder.logits(hidden, 50257, 50363)  # (T, vocab)
         model.set_projection_dtype(torch.bfloat16)
-        fast = model.decoder.logits(hidden, 50257)
+        fast = model.decoder.logits(hidden, 50257, 50363)
     assert tokens.shape[1] > 10
     text = slice(0, 50257)  # the text tokens and end-of-text (the specials are never chosen)
     assert torch.equal(fast[:, text].argmax(-1), exact[:, text].argmax(-1))

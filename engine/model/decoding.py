@@ -334,7 +334,7 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
         ragged = any(len(feeds[r]) != width or rests[r] for r in active)
         hidden = model.decoder.hidden(tokens.to(device), xa, cache,
                                       valid.to(device) if ragged else None)  # (B', width, D)
-        logits = model.decoder.logits(hidden[wanted.to(device)], eot + 1)  # (wanted, vocab)
+        logits = model.decoder.logits(hidden[wanted.to(device)], eot + 1, ts_begin)  # (wanted, vocab)
         keys_before = cache.num_tokens - width
         offset = 0
         for j, r in enumerate(active):

@@ -19,11 +19,10 @@ from torch import Tensor, nn
 # Up to this many queries (decoding) cross-attention is two matmuls and a softmax: the CPU
 # SDPA kernel is slower there (8 rows over 1500 keys: 2.2 vs 2.0 ms for one query, 14.1 vs
 # 11.2 ms for 40 in fp32; 5x slower for one bf16 query).
-NUM_TIMESTAMP_TOKENS = 1501  # the vocabulary ends with <|0.00|> ... <|30.00|>
+FEW_QUERIES = 64
 # bfloat16 logits are off by about 0.1 at most: the tokens within this of the best are the
 # ones a float32 projection could rank first
 BF16_LOGIT_MARGIN = 0.5
-FEW_QUERIES = 64
 
 
 @dataclass(frozen=True)
@@ -331,9 +330,11 @@ class TextDecoder(nn.Module):
                 kept[i] = qk[0][:, wanted[i]]  # only these heads: the rest is large and unused
         return torch.cat([kept[layer][:, [wanted[layer].index(head)]] for layer, head in heads], dim=1)
 
-    def logits(self, x: Tensor, text_tokens: int | None = None) -> Tensor:
+    def logits(self, x: Tensor, text_tokens: int | None = None,
+               timestamp_begin: int | None = None) -> Tensor:
         """(..., n_text_state) final states -> (..., vocab) float32 logits. `text_tokens`: how
-        many of the vocabulary's first tokens are text (up to and with end-of-text).
+        many of the vocabulary's first tokens are text (up to and with end-of-text);
+        `timestamp_begin`: the first timestamp token (the rest of the vocabulary).
 
         With a bfloat16 projection, the logits that decide are computed again in float32:
         bfloat16 keeps 8 bits (steps of 0.125 at 20), enough to find the text tokens near the
@@ -342,13 +343,12 @@ class TextDecoder(nn.Module):
         weight = self.projection if self.projection is not None else self.token_embedding.weight
         rough = x.to(weight.dtype) @ weight.T
         logits = rough.float()
-        if weight.dtype != torch.bfloat16 or text_tokens is None:
+        if weight.dtype != torch.bfloat16 or text_tokens is None or timestamp_begin is None:
             return logits
         exact = self.token_embedding.weight  # (vocab, d) float32
         shape = logits.shape
         x, logits = x.reshape(-1, x.shape[-1]).to(exact.dtype), logits.reshape(-1, shape[-1])
-        ts = exact.shape[0] - NUM_TIMESTAMP_TOKENS
-        logits[:, ts:] = x @ exact[ts:].T
+        logits[:, timestamp_begin:] = x @ exact[timestamp_begin:].T
         text = rough.reshape(-1, shape[-1])[:, :text_tokens]
         rows, cols = (text >= text.amax(-1, keepdim=True) - BF16_LOGIT_MARGIN).nonzero(as_tuple=True)
         logits[rows, cols] = (x[rows] * exact[cols]).sum(-1)
