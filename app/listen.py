@@ -1,22 +1,30 @@
-"""`/v1/listen`: binary PCM frames in, JSON results out.
+"""`/v1/listen`: Deepgram's live transcription protocol, field for field.
 
-Query parameters: `sample_rate` (8000-48000, default 16000), `encoding` (`linear16` /
-`pcm16`, default, or `float32`), `channels` (1). Binary messages carry audio; text messages
-are controls: {"type": "KeepAlive"}, {"type": "Finalize"} (commit everything so far, keep
-the stream open) and {"type": "CloseStream"} (commit everything, send the last results,
-close with 1000).
+Query parameters (Deepgram's names): `encoding` (linear16, default, linear32, mulaw, alaw, or
+float32), `sample_rate` (8000-48000, default 16000), `channels` (interleaved channels are
+mixed down to one), `interim_results` (default false), `punctuate` / `smart_format` (default
+false: lowercase words without punctuation, as Deepgram's), `utterance_end_ms`, `vad_events`,
+`endpointing` (accepted; the server's `endpoint_ms` decides), `model` and `language`
+(accepted; the running model answers). Booleans are `true` / `false`.
 
-Server messages:
-- {"type": "Connected", "session_id", "resume_token", "sample_rate", "encoding", "model"}
-  first;
-- {"type": "Results", "seq", "text", "is_final", "start_ms", "end_ms", "words"}: a final
-  result holds newly committed words and is never revised; a partial result is the current
-  tentative tail and replaces the previous partial. `from_finalize` marks the final that
-  completes a Finalize (it may be empty);
-- {"type": "Error", "code", "message"}: the session stays usable unless it is closed;
-- {"type": "Warning", "code": "rate_limited", "message", "backlog_ms"}: the server is
-  behind this session's audio (results are late; nothing is dropped);
-- {"type": "Metadata", "session_id", "duration_ms", "num_finals"} before the close.
+Client messages: binary audio frames; {"type": "KeepAlive"}; {"type": "Finalize"} (commit
+everything so far, keep the stream open; the final that completes it has `from_finalize`);
+{"type": "CloseStream"} (commit everything, send the last results and Metadata, close 1000).
+
+Server messages (Deepgram's types, so an unchanged Deepgram client reads every one):
+- Results: `channel.alternatives[0].{transcript, confidence, words[{word, start, end,
+  confidence, punctuated_word}]}`, `start`, `duration` (seconds), `is_final`, `speech_final`,
+  `from_finalize`, `channel_index`, `metadata`; plus `seq` (for a resume). A final holds
+  newly committed words and is never revised; finals cover the stream end to end. A partial
+  (interim) is the current tentative tail and replaces the previous one.
+- UtteranceEnd (`utterance_end_ms`): a gap that long after the last final word.
+- SpeechStarted (`vad_events=true`): the VAD heard speech begin (`timestamp`, seconds).
+- Metadata: after CloseStream or an idle timeout, before the close.
+- Error {"variant", "code", "description"}: the session stays usable unless it is closed.
+
+Voxtide's own events, only with `voxtide_events=true` (the web page and our clients):
+Connected {"session_id", "resume_token", ...} first, and Warning {"code": "rate_limited",
+"description", "backlog_ms"} while the server is behind this session's audio.
 
 Resume: when the connection drops without a close frame, the session waits
 `resume_grace_s` (30 s) while its audio is still transcribed. Reconnecting to
@@ -28,65 +36,127 @@ the finals after `last_seq`, then the current partial, and the stream goes on.
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl
 
-from websockets.asyncio.server import ServerConnection
+import numpy as np
 
+from app.connection import CLOSE_INTERNAL, Connection
 from app.session import ServerContext, Session, query_rate, text_of, words_json
 from audio.io import AudioError, pcm_to_float
+from audio.vad import TurnDetector
 from engine.engine import EngineOutput
 from engine.timeline import samples_to_ms
 from engine.words import Word
 
-ENCODINGS = {"linear16": "pcm16", "pcm16": "pcm16", "float32": "float32"}
+ENCODINGS = {"linear16": "pcm16", "pcm16": "pcm16", "linear32": "linear32", "float32": "float32",
+             "mulaw": "mulaw", "alaw": "alaw"}
+MAX_CHANNELS = 8
 REPLAY_FINALS = 1000  # finals kept for a resume to re-send
+TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
-def parse_listen_query(query: str) -> dict[str, Any]:
-    """Query string -> {"rate", "encoding"} or {"resume_token", "last_seq"}; ValueError with
-    the fix for bad values."""
+@dataclass(frozen=True)
+class ListenOptions:
+    rate: int = 16000
+    encoding: str = "pcm16"  # an audio.io PCM encoding
+    channels: int = 1
+    interim_results: bool = False
+    punctuate: bool = False
+    utterance_end_ms: int | None = None
+    vad_events: bool = False
+    voxtide_events: bool = False
+
+
+def _flag(params: dict[str, str], name: str) -> bool:
+    value = params.get(name, "false").lower()
+    if value not in TRUE + FALSE:
+        raise ValueError(f"{name} must be true or false, got {params[name]!r}")
+    return value in TRUE
+
+
+def _int(params: dict[str, str], name: str, low: int, high: int) -> int | None:
+    if name not in params:
+        return None
+    try:
+        value = int(params[name])
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in {low}-{high}, got {params[name]!r}")
+    return value
+
+
+def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions | dict[str, Any]:
+    """Query string -> ListenOptions, or {"resume_token", "last_seq"}; ValueError with the
+    fix for bad values."""
     params = dict(parse_qsl(query))
     if "resume_token" in params:
-        try:
-            last_seq = int(params.get("last_seq", "0"))
-        except ValueError:
-            last_seq = -1
-        if last_seq < 0:
-            raise ValueError(f"last_seq must be an integer >= 0, got {params.get('last_seq')!r}")
-        return {"resume_token": params["resume_token"], "last_seq": last_seq}
-    rate = query_rate(params, 16000)
+        return {"resume_token": params["resume_token"],
+                "last_seq": _int(params, "last_seq", 0, 1 << 62) or 0}
     encoding = params.get("encoding", "linear16").lower()
     if encoding not in ENCODINGS:
-        raise ValueError(f"encoding {encoding!r} is not supported; use linear16 or float32")
-    if params.get("channels", "1") != "1":
-        raise ValueError("only mono audio is supported; send channels=1")
-    return {"rate": rate, "encoding": ENCODINGS[encoding]}
+        raise ValueError(f"encoding {encoding!r} is not supported; use linear16, linear32, mulaw, "
+                         "alaw or float32")
+    if _flag(params, "multichannel"):
+        raise ValueError("multichannel=true is not supported; channels are mixed down to one")
+    language = params.get("language", "en").lower()
+    if not multilingual and language not in ("en", "en-us", "en-gb", "en-au", "en-in", "en-nz"):
+        raise ValueError(f"language {language!r} is not supported by this English-only model; use en")
+    if params.get("endpointing", "10").lower() not in FALSE:
+        _int(params, "endpointing", 0, 60_000)  # accepted; the server's endpoint_ms decides
+    return ListenOptions(
+        rate=query_rate(params, 16000), encoding=ENCODINGS[encoding],
+        channels=_int(params, "channels", 1, MAX_CHANNELS) or 1,
+        interim_results=_flag(params, "interim_results"),
+        punctuate=_flag(params, "punctuate") or _flag(params, "smart_format"),
+        utterance_end_ms=_int(params, "utterance_end_ms", 1000, 60_000),
+        vad_events=_flag(params, "vad_events"), voxtide_events=_flag(params, "voxtide_events"))
+
+
+def model_metadata(model_name: str) -> dict[str, Any]:
+    """Deepgram's model block: a stable uuid for the running model."""
+    model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"voxtide:{model_name}"))
+    return {"uuid": model_uuid, "info": {"name": model_name, "version": "voxtide", "arch": "whisper"}}
 
 
 class ListenSession(Session):
     protocol = "listen"
     resumable = True
 
-    def __init__(self, ws: ServerConnection, ctx: ServerContext, rate: int, encoding: str):
-        super().__init__(ws, ctx, rate)
-        self.encoding = encoding
+    def __init__(self, ws: Connection, ctx: ServerContext, options: ListenOptions):
+        super().__init__(ws, ctx, options.rate)
+        self.options = options
+        self.created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        model = model_metadata(ctx.model_name)
+        self.model_uuid, self.model_info = model["uuid"], model["info"]
         self.seq = 0
         self.num_finals = 0
-        self.finalize_pending = False
+        self.finalize_pending = False  # a Finalize not yet completed by a final
+        self.final_end_ms = 0  # where the next final starts: finals cover the stream end to end
         self.partial = ""  # text of the last partial sent
         self.partial_words: list[Word] = []
         self.finals: deque[dict[str, Any]] = deque(maxlen=REPLAY_FINALS)  # for a resume
         self.evicted_seq = 0  # the newest final no longer in `finals`
+        self.last_word_end_ms: int | None = None  # of the last final word, until UtteranceEnd
+        self.vad = TurnDetector() if options.vad_events else None
+        self.speech_starts: list[int] = []  # found while feeding, sent after the message
+        self.controls: dict[str, Callable[[], Awaitable[None]]] = {
+            "KeepAlive": self._keep_alive, "Finalize": self._finalize, "CloseStream": self._close_stream}
 
     def _connected(self) -> dict[str, Any]:
         return {"type": "Connected", "session_id": self.id, "resume_token": self.resume_token,
-                "sample_rate": self.resampler.rate, "encoding": self.encoding,
+                "sample_rate": self.resampler.rate, "encoding": self.options.encoding,
                 "model": self.ctx.model_name}
 
     async def on_open(self) -> None:
-        await self.send(self._connected())
+        if self.options.voxtide_events:
+            await self.send(self._connected())
 
     async def on_resume(self, last_seq: int) -> None:
         missed = [f for f in self.finals if f["seq"] > last_seq]
@@ -98,67 +168,128 @@ class ListenSession(Session):
                          "audio_received_ms": samples_to_ms(self.num_received, self.resampler.rate)})
         for final in missed:
             await self.send(final)
-        if self.partial:
+        if self.partial and self.options.interim_results:
             await self.send(self._result(self.partial_words, False))
+
+    # ------------------------------------------------------------------ client messages
 
     async def on_binary(self, data: bytes) -> None:
         try:
-            samples = pcm_to_float(data, self.encoding)
+            samples = pcm_to_float(data, self.options.encoding, self.options.channels)
         except AudioError as e:
-            await self.send_error("invalid_audio", str(e))
+            await self.send_error("invalid_audio", str(e), variant="DataError")
             return
         self.ingest(samples)
+        for ms in self.speech_starts:
+            await self.send({"type": "SpeechStarted", "channel": [0], "timestamp": ms / 1000})
+        self.speech_starts = []
+        await self._utterance_end()
+
+    def on_fed(self, samples: np.ndarray) -> None:
+        if self.vad is not None:
+            self.speech_starts += [e.ms for e in self.vad.push(samples) if e.kind == "speech_started"]
 
     async def on_text(self, text: str) -> None:
         message = self.parse_json(text)
         if isinstance(message, str):
-            await self.send_error("invalid_json", message)
+            await self.send_error("invalid_json", message, variant="SchemaError")
             return
-        kind = message.get("type")
-        if kind == "KeepAlive":
+        control = self.controls.get(message.get("type"))  # type: ignore[arg-type]
+        if control is None:
+            await self.send_error("unknown_message", "unknown message type; use KeepAlive, Finalize or "
+                                  "CloseStream", variant="SchemaError")
             return
-        if kind == "Finalize":
-            self.finalize_pending = True
-            self.ctx.loop.flush(self.id)
-        elif kind == "CloseStream":
-            self.closing = True
-        else:
-            await self.send_error("unknown_message",
-                                  f"unknown message type {kind!r}; use KeepAlive, Finalize or CloseStream")
+        await control()
+
+    async def _keep_alive(self) -> None:
+        pass
+
+    async def _finalize(self) -> None:
+        self.finalize_pending = True
+        self.ctx.loop.flush(self.id)
+
+    async def _close_stream(self) -> None:
+        self.closing = True
+
+    # ------------------------------------------------------------------ engine outputs
 
     async def on_output(self, output: EngineOutput) -> None:
+        # the engine ends a flush's final at the flush: it completes every Finalize before it
         from_finalize = output.flushed and self.finalize_pending
         if output.committed or from_finalize:
-            result = self._result(output.committed, True)
-            if from_finalize:
-                result["from_finalize"] = True
-                self.finalize_pending = False
-            if output.committed:
-                self.num_finals += 1
-                self.ctx.store.append(self.id, result)
-            if len(self.finals) == REPLAY_FINALS:
-                self.evicted_seq = self.finals[0]["seq"]
-            self.finals.append(result)
-            await self.send(result)
+            end_ms = max(output.flushed_ms or 0, output.committed[-1].end_ms if output.committed else 0)
+            self.finalize_pending = self.finalize_pending and not from_finalize
+            await self._final(output.committed, end_ms, not output.tentative, from_finalize)
         text = text_of(output.tentative)
         if text != self.partial or (output.committed and text):
             self.partial, self.partial_words = text, output.tentative
-            await self.send(self._result(output.tentative, False))
+            if self.options.interim_results:
+                await self.send(self._result(output.tentative, False))
+        await self._utterance_end()
 
-    def _result(self, words: list[Word], is_final: bool) -> dict[str, Any]:
+    async def _final(self, words: list[Word], end_ms: int, speech_final: bool,
+                     from_finalize: bool = False) -> None:
+        result = self._result(words, True, end_ms, speech_final=speech_final, from_finalize=from_finalize)
+        self.final_end_ms = max(self.final_end_ms, end_ms)
+        if words:
+            self.num_finals += 1
+            self.last_word_end_ms = words[-1].end_ms
+            self.ctx.store.append(self.id, {"seq": result["seq"], "text": text_of(words),
+                                            "start_ms": words[0].start_ms, "end_ms": words[-1].end_ms,
+                                            "words": words_json(words)})
+        if len(self.finals) == REPLAY_FINALS:
+            self.evicted_seq = self.finals[0]["seq"]
+        self.finals.append(result)
+        await self.send(result)
+
+    async def _utterance_end(self) -> None:
+        """Deepgram's UtteranceEnd: `utterance_end_ms` of decoded audio with no word after the
+        last final word."""
+        gap, last = self.options.utterance_end_ms, self.last_word_end_ms
+        if gap is None or last is None or self.partial:
+            return
+        decoded = self.ctx.loop.engine.decoded_samples(self.id)
+        if decoded is not None and samples_to_ms(decoded) - last >= gap:
+            self.last_word_end_ms = None
+            await self.send({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": last / 1000})
+
+    def _result(self, words: list[Word], is_final: bool, end_ms: int | None = None, *,
+                speech_final: bool = False, from_finalize: bool = False) -> dict[str, Any]:
         self.seq += 1
-        start = words[0].start_ms if words else self.fed_ms
-        end = words[-1].end_ms if words else self.fed_ms
-        return {"type": "Results", "seq": self.seq, "text": text_of(words), "is_final": is_final,
-                "start_ms": start, "end_ms": end, "words": words_json(words)}
+        start = self.final_end_ms
+        end = max(start, end_ms if end_ms is not None else (words[-1].end_ms if words else start))
+        punctuate = self.options.punctuate
+        alternative = {
+            "transcript": text_of(words) if punctuate else " ".join(w.key for w in words if w.key),
+            "confidence": round(sum(w.probability or 0.0 for w in words) / len(words), 4) if words else 0.0,
+            "words": [{"word": w.key, "start": w.start_ms / 1000, "end": w.end_ms / 1000,
+                       "confidence": round(w.probability or 0.0, 4),
+                       **({"punctuated_word": w.text.strip()} if punctuate else {})}
+                      for w in words if w.key]}
+        return {"type": "Results", "channel_index": [0, 1], "duration": (end - start) / 1000,
+                "start": start / 1000, "is_final": is_final, "speech_final": speech_final,
+                "from_finalize": from_finalize, "channel": {"alternatives": [alternative]},
+                "metadata": {"request_id": self.id, "model_info": self.model_info,
+                             "model_uuid": self.model_uuid},
+                "seq": self.seq}
 
     async def on_finished(self) -> None:
-        await self.send({"type": "Metadata", "session_id": self.id, "duration_ms": self.fed_ms,
+        await self.send({"type": "Metadata", "transaction_key": "deprecated", "request_id": self.id,
+                         "sha256": "incomplete", "created": self.created,
+                         "duration": self.num_received / self.resampler.rate,
+                         "channels": self.options.channels, "models": [self.model_uuid],
+                         "model_info": {self.model_uuid: self.model_info},
                          "num_finals": self.num_finals})
+
+    def on_idle(self, idle_s: float) -> tuple[int, str]:
+        return CLOSE_INTERNAL, f"NET-0001: no audio or message for {idle_s:g} s"
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         self.ctx.metrics.client_errors.inc(code=code)
-        await self.send({"type": "Error", "code": code, "message": message, **extra})
+        variant = extra.pop("variant", "ServerError" if code == "engine_error" else "ClientError")
+        await self.send({"type": "Error", "variant": variant, "code": code, "description": message,
+                         **extra})
 
     async def send_warning(self, code: str, message: str, **extra: Any) -> None:
-        await self.send({"type": "Warning", "code": code, "message": message, **extra})
+        if self.options.voxtide_events:
+            await self.send({"type": "Warning", "code": code, "description": message, **extra})

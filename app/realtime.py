@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.server import ServerConnection
 
+from app.connection import Connection
 from app.session import ServerContext, Session, new_id, text_of, words_json
 from audio.io import AudioError, check_stream_rate, pcm_to_float
 from audio.stream import StreamResampler
@@ -51,7 +51,7 @@ class Item:
 class RealtimeSession(Session):
     protocol = "realtime"
 
-    def __init__(self, ws: ServerConnection, ctx: ServerContext, rate: int = OPENAI_RATE):
+    def __init__(self, ws: Connection, ctx: ServerContext, rate: int = OPENAI_RATE):
         super().__init__(ws, ctx, rate)
         self.transcription: dict[str, Any] = {"model": ctx.model_name, "prompt": "", "language": "en"}
         self.turn_detection: dict[str, Any] | None = dict(DEFAULT_TURN_DETECTION)

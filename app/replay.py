@@ -22,6 +22,27 @@ from websockets.asyncio.client import connect
 from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio
 
 END_SLACK_MS = 500  # a final's last word may end this much after its utterance's known end
+# what Voxtide's own clients ask of /v1/listen beyond Deepgram's defaults
+CLIENT_QUERY = "interim_results=true&punctuate=true&voxtide_events=true"
+
+
+def with_client_query(url: str) -> str:
+    return url + ("&" if "?" in url else "?") + CLIENT_QUERY
+
+
+def transcript(result: dict) -> str:
+    """A Deepgram Results message's text."""
+    return result["channel"]["alternatives"][0]["transcript"]
+
+
+def result_words(result: dict) -> list[tuple[int, int, str]]:
+    """A Results message's words as (start_ms, end_ms, word as written)."""
+    return [(round(w["start"] * 1000), round(w["end"] * 1000), w.get("punctuated_word", w["word"]))
+            for w in result["channel"]["alternatives"][0]["words"]]
+
+
+def result_end_ms(result: dict) -> int:
+    return round((result["start"] + result["duration"]) * 1000)
 
 
 def utterance_end_ms(ends_ms: list[int], end_ms: int) -> int:
@@ -77,7 +98,8 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
     sent_ms: list[int] = []  # audio ms sent ...
     sent_at: list[float] = []  # ... and when
     # no pong deadline: a server pacing this session (backpressure) reads our pong late
-    async with connect(url, additional_headers=headers or {}, max_size=None, ping_timeout=None) as ws:
+    async with connect(with_client_query(url), additional_headers=headers or {}, max_size=None,
+                       ping_timeout=None) as ws:
         start = time.monotonic()
 
         async def read() -> None:
@@ -88,19 +110,20 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
                     report.errors.append(m["code"])
                 if m["type"] != "Results":
                     continue
-                if report.first_partial_s is None and m["text"]:
+                words = result_words(m)
+                if report.first_partial_s is None and words:
                     report.first_partial_s = now - start
-                if m["is_final"] and m["words"]:
-                    report.finals.append(m["text"])
-                    report.words.extend((w["start_ms"], w["end_ms"], w["word"]) for w in m["words"])
-                    end = m["end_ms"]
+                if m["is_final"] and words:
+                    report.finals.append(transcript(m))
+                    report.words.extend(words)
+                    end = result_end_ms(m)
                     if speech_ends_ms:
                         end = utterance_end_ms(speech_ends_ms, end)
                     i = bisect.bisect_left(sent_ms, end)
                     if i < len(sent_at):
                         report.final_latencies.append(now - sent_at[i])
                     sent_now = sent_ms[-1] if sent_ms else 0
-                    report.max_lag_s = max(report.max_lag_s, (sent_now - m["end_ms"]) / 1000)
+                    report.max_lag_s = max(report.max_lag_s, (sent_now - result_end_ms(m)) / 1000)
 
         reader = asyncio.create_task(read())
         for i in range(0, len(pcm), step):

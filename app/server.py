@@ -1,13 +1,14 @@
-"""The websocket server: routes, limits, and the engine loop, on one port.
+"""The server: routes, limits, and the engine loop, on one port (uvicorn + Starlette).
 
-HTTP (answered in `process_request`, before any websocket handshake): GET /healthz,
-GET /metrics (Prometheus text), and the allowlisted files of web/. Websocket: /v1/listen
-and /v1/realtime, behind the optional API key (`Authorization: Bearer <key>`, or
-`?api_key=<key>` for browsers, which cannot set headers). Beyond `max_sessions`, or while
-the server is overloaded (most sessions more than `max_lag_s` behind), a connection is
-accepted and closed with 1013 (try again later) and a reason; messages over
-`max_message_bytes` close the connection with 1009 (done by the websockets library). A
-/v1/listen connection with a `resume_token` takes over its dropped session (404 for an
+HTTP: GET /healthz, GET /metrics (Prometheus text), and the allowlisted files of web/.
+Websocket: /v1/listen and /v1/realtime, behind the optional API key, given as
+`Authorization: Bearer <key>` or `Token <key>`, `?api_key=<key>`, or by browsers (which
+cannot set headers) as a subprotocol: Deepgram's ["token", <key>] or OpenAI's
+"openai-insecure-api-key.<key>". A refused handshake gets an HTTP status and a text body.
+Beyond `max_sessions`, or while the server is overloaded (most sessions more than
+`max_lag_s` behind), a connection is accepted and closed with 1013 (try again later) and a
+reason; messages over `max_message_bytes` close the connection with 1009 (done by uvicorn).
+A /v1/listen connection with a `resume_token` takes over its dropped session (404 for an
 unknown or expired token) and does not count as a new session.
 """
 
@@ -19,16 +20,20 @@ import json
 import logging
 import mimetypes
 import signal
+import uuid
 from collections.abc import Awaitable
 from http import HTTPStatus
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any
 
-from websockets.asyncio.server import Server as WsServer
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from app.config import ServerConfig
+from app.connection import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, Connection
 from app.engine_loop import EngineLoop
 from app.listen import ListenSession, parse_listen_query
 from app.metrics import Metrics
@@ -44,19 +49,47 @@ STATIC_FILES = {  # URL path -> file in web/; nothing else is served from disk
     "/worklet.js": "worklet.js", "/resampler.js": "resampler.js", "/style.css": "style.css",
     "/sample.wav": "sample.wav",
 }
-WS_PATHS = ("/v1/listen", "/v1/realtime")
-CLOSE_POLICY_VIOLATION = 1008
-CLOSE_TRY_AGAIN_LATER = 1013
+OPENAI_KEY_PROTOCOL = "openai-insecure-api-key."  # the browser's way to send an OpenAI key
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
-                       ("Cache-Control", "no-store")])
-    return Response(status.value, status.phrase, headers, body)
+class _DenialFilter(logging.Filter):
+    """uvicorn's websockets-sansio logs a handshake refused with an HTTP status (ASGI's
+    websocket.http.response) as an application error; it is not one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "returned without completing handshake" not in record.getMessage()
+
+
+logging.getLogger("uvicorn.error").addFilter(_DenialFilter())
 
 
 def _text(status: HTTPStatus, text: str) -> Response:
-    return _response(status, text.encode(), "text/plain; charset=utf-8")
+    return PlainTextResponse(text, status.value, headers={"Cache-Control": "no-store"})
+
+
+def _given_key(conn: HTTPConnection) -> str:
+    """The API key the client sent, in any of the accepted places ("" if none)."""
+    header = conn.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() in ("bearer", "token") and value.strip():
+        return value.strip()
+    protocols = _subprotocols(conn)
+    for i, name in enumerate(protocols):
+        if name.startswith(OPENAI_KEY_PROTOCOL):
+            return name[len(OPENAI_KEY_PROTOCOL):]
+        if name == "token" and i + 1 < len(protocols):
+            return protocols[i + 1]
+    return conn.query_params.get("api_key", "")
+
+
+def _subprotocols(conn: HTTPConnection) -> list[str]:
+    return list(conn.scope.get("subprotocols", []))
+
+
+def _subprotocol(conn: HTTPConnection) -> str | None:
+    """The subprotocol to accept: OpenAI's "realtime" or Deepgram's "token"."""
+    offered = _subprotocols(conn)
+    return next((name for name in ("realtime", "token") if name in offered), None)
 
 
 class Server:
@@ -69,7 +102,7 @@ class Server:
         self.ctx = ServerContext(self.config, self.loop, self.metrics, self.store,
                                  engine.bundle.name, engine.bundle.tokenizer.multilingual)
         self.sessions: dict[str, Session] = {}
-        self.ws_server: WsServer | None = None
+        self.http: uvicorn.Server | None = None
         self._add_gauges()
 
     def _add_gauges(self) -> None:
@@ -100,32 +133,50 @@ class Server:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _app(self) -> Starlette:
+        routes: list[Route | WebSocketRoute] = [
+            Route("/healthz", self.healthz),
+            Route("/metrics", self.metrics_page),
+            WebSocketRoute("/v1/listen", self.listen),
+            WebSocketRoute("/v1/realtime", self.realtime),
+        ]
+        routes += [Route(path, self.static) for path in STATIC_FILES]
+        return Starlette(routes=routes)
+
     async def start(self) -> None:
         self.loop.start()
-        self.ws_server = await serve(
-            self.handle, self.config.host, self.config.port,
-            process_request=self.process_request,
-            select_subprotocol=lambda _conn, offered: "realtime" if "realtime" in offered else None,
-            max_size=self.config.max_message_bytes,
+        config = uvicorn.Config(
+            self._app(), self.config.host, self.config.port, ws="websockets-sansio",
+            ws_max_size=self.config.max_message_bytes,
             # No permessage-deflate: PCM audio does not compress, and deflate costs CPU on
-            # every frame (about 15% of the event loop's time with 8 sessions) and a
-            # compressor per connection
-            compression=None,
+            # every frame and a compressor per connection
+            ws_per_message_deflate=False,
             # Pings keep NAT paths open, but no pong deadline: while a session's backlog is at
             # max_backlog_s the server stops reading its socket, so the client's pong waits
             # behind its audio. Dead clients end by the idle timeout or a failed write.
-            ping_interval=20, ping_timeout=None,
-        )
+            ws_ping_interval=20, ws_ping_timeout=None,
+            lifespan="off", log_config=None, access_log=False)
+        config.load()
+        self.http = uvicorn.Server(config)
+        self.http.lifespan = config.lifespan_class(config)
+        await self.http.startup()
+        if not self.http.started:
+            await self.loop.stop()
+            raise OSError(f"cannot listen on {self.config.host}:{self.config.port}")
 
     @property
     def port(self) -> int:
-        assert self.ws_server is not None, "start() first"
-        return self.ws_server.sockets[0].getsockname()[1]
+        assert self.http is not None, "start() first"
+        return self.http.servers[0].sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        if self.ws_server is not None:
-            self.ws_server.close()
-            await self.ws_server.wait_closed()
+        """Close every connection (1001), let the sessions finish into the store, stop."""
+        if self.http is not None:
+            self.http.servers[0].close()  # no new connections
+            for session in list(self.sessions.values()):
+                if session.connected:
+                    await session.ws.close(CLOSE_GOING_AWAY, "server shutting down")
+            await self.http.shutdown()
         await self.loop.stop()
         self.engine.close()
 
@@ -151,48 +202,31 @@ class Server:
 
     # ------------------------------------------------------------------ HTTP
 
-    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
-        if url.path in WS_PATHS:
-            if not self._authorized(request, url.query):
-                return _text(HTTPStatus.UNAUTHORIZED, "missing or wrong API key: send "
-                             "'Authorization: Bearer <key>' or ?api_key=<key>\n")
-            try:
-                if url.path == "/v1/listen":
-                    params = parse_listen_query(url.query)
-                    if "resume_token" in params and self._resumable(params["resume_token"]) is None:
-                        return _text(HTTPStatus.NOT_FOUND, "unknown or expired resume_token\n")
-                else:
-                    query_rate(dict(parse_qsl(url.query)), OPENAI_RATE)
-            except ValueError as e:
-                return _text(HTTPStatus.BAD_REQUEST, f"{e}\n")
-            return None  # on to the websocket handshake
-        if url.path == "/healthz":
-            healthy = self.engine.healthy
-            body = {"status": "ok" if healthy else "model worker exited", "model": self.ctx.model_name,
-                    "sessions": len(self.sessions), "device": str(self.engine.bundle.device)}
-            return _response(HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE,
-                             json.dumps(body).encode(), "application/json")
-        if url.path == "/metrics":
-            return _response(HTTPStatus.OK, self.metrics.render().encode(),
-                             "text/plain; version=0.0.4; charset=utf-8")
-        name = STATIC_FILES.get(url.path)
-        path = self.config.web_dir / name if name else None
-        if path is None or not path.is_file():
-            return _text(HTTPStatus.NOT_FOUND, f"not found: {url.path}\n")
+    async def healthz(self, request: Request) -> Response:
+        healthy = self.engine.healthy
+        body = {"status": "ok" if healthy else "model worker exited", "model": self.ctx.model_name,
+                "sessions": len(self.sessions), "device": str(self.engine.bundle.device)}
+        status = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
+        return Response(json.dumps(body), status.value, media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8",
+                        headers={"Cache-Control": "no-store"})
+
+    async def static(self, request: Request) -> Response:
+        name = STATIC_FILES[request.url.path]
+        path = self.config.web_dir / name
+        if not path.is_file():
+            return _text(HTTPStatus.NOT_FOUND, f"not found: {request.url.path}\n")
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
         if content_type == "text/javascript":
             content_type = "application/javascript"
-        return _response(HTTPStatus.OK, path.read_bytes(), content_type)
+        return Response(path.read_bytes(), media_type=content_type, headers={"Cache-Control": "no-store"})
 
-    def _authorized(self, request: Request, query: str) -> bool:
+    def _authorized(self, conn: HTTPConnection) -> bool:
         key = self.config.api_key
-        if not key:
-            return True
-        header = request.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else None
-        given = given or dict(parse_qsl(query)).get("api_key", "")
-        return hmac.compare_digest(given.encode(), key.encode())
+        return not key or hmac.compare_digest(_given_key(conn).encode(), key.encode())
 
     # ------------------------------------------------------------------ websocket
 
@@ -205,44 +239,90 @@ class Server:
         behind = sum(self.loop.backlog_s(s.id) > self.config.max_lag_s for s in self.sessions.values())
         return behind > 0 and 2 * behind >= len(self.sessions)
 
-    async def handle(self, ws: ServerConnection) -> None:
-        assert ws.request is not None
-        url = urlsplit(ws.request.path)
-        params = parse_listen_query(url.query) if url.path == "/v1/listen" else {}
-        if "resume_token" in params:
-            await self._resume(ws, params["resume_token"], params["last_seq"])
-            return
-        refusal = None
+    def _refusal(self) -> tuple[str, str] | None:
         if len(self.sessions) >= self.config.max_sessions:
-            refusal = "max_sessions", f"server at capacity ({self.config.max_sessions} sessions)"
-        elif self.overloaded():
-            refusal = "overloaded", f"server overloaded (sessions over {self.config.max_lag_s:g} s behind)"
-        if refusal is not None:
-            self.metrics.sessions_rejected.inc(reason=refusal[0])
-            await ws.close(CLOSE_TRY_AGAIN_LATER, f"{refusal[1]}; try again later")
-            return
-        if url.path == "/v1/listen":
-            session: Session = ListenSession(ws, self.ctx, params["rate"], params["encoding"])
-        else:
-            session = RealtimeSession(ws, self.ctx, query_rate(dict(parse_qsl(url.query)), OPENAI_RATE))
-        self.sessions[session.id] = session
-        await self._run(session, ws, session.run())
+            return "max_sessions", f"server at capacity ({self.config.max_sessions} sessions)"
+        if self.overloaded():
+            return "overloaded", f"server overloaded (sessions over {self.config.max_lag_s:g} s behind)"
+        return None
 
-    async def _resume(self, ws: ServerConnection, token: str, last_seq: int) -> None:
+    async def _handshake(self, ws: WebSocket, check: Any, protocol: str) -> Any:
+        """Authorize and validate (`check()` -> parameters; ValueError if bad, LookupError if
+        unknown), then accept. -> the parameters, or None when the handshake was refused with
+        an HTTP status and the protocol's error body."""
+        if not self._authorized(ws):
+            refusal = (HTTPStatus.UNAUTHORIZED, "INVALID_AUTH", "missing or wrong API key: send "
+                       "'Authorization: Bearer <key>' or 'Token <key>', or ?api_key=<key>")
+        else:
+            try:
+                params = check()
+            except LookupError as e:
+                refusal = (HTTPStatus.NOT_FOUND, "NOT_FOUND", str(e.args[0]))
+            except ValueError as e:
+                refusal = (HTTPStatus.BAD_REQUEST, "Bad Request", str(e))
+            else:
+                await ws.accept(subprotocol=_subprotocol(ws))
+                return params
+        status, code, message = refusal
+        if protocol == "listen":  # Deepgram's error body
+            body: dict[str, Any] = {"err_code": code, "err_msg": message, "request_id": str(uuid.uuid4())}
+        else:  # OpenAI's
+            body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+        await ws.send_denial_response(JSONResponse(body, status.value, headers={"Cache-Control": "no-store"}))
+        return None
+
+    async def listen(self, ws: WebSocket) -> None:
+        def check() -> dict[str, Any]:
+            params = parse_listen_query(ws.url.query, self.ctx.multilingual)
+            if isinstance(params, dict) and self._resumable(params["resume_token"]) is None:
+                raise LookupError("unknown or expired resume_token")
+            return params
+
+        params = await self._handshake(ws, check, "listen")
+        if params is None:
+            return
+        conn = Connection(ws)
+        if isinstance(params, dict):
+            await self._resume(conn, params["resume_token"], params["last_seq"])
+        elif await self._admit(conn):
+            await self._run(ListenSession(conn, self.ctx, params), conn)
+
+    async def realtime(self, ws: WebSocket) -> None:
+        rate = await self._handshake(ws, lambda: query_rate(dict(ws.query_params), OPENAI_RATE), "realtime")
+        if rate is None:
+            return
+        conn = Connection(ws)
+        if await self._admit(conn):
+            await self._run(RealtimeSession(conn, self.ctx, rate), conn)
+
+    async def _admit(self, conn: Connection) -> bool:
+        """A new session, unless at capacity or overloaded (then closed with 1013)."""
+        refusal = self._refusal()
+        if refusal is None:
+            return True
+        self.metrics.sessions_rejected.inc(reason=refusal[0])
+        await conn.close(CLOSE_TRY_AGAIN_LATER, f"{refusal[1]}; try again later")
+        return False
+
+    async def _resume(self, conn: Connection, token: str, last_seq: int) -> None:
         session = self._resumable(token)
         if session is None:  # expired between the handshake and now
-            await ws.close(CLOSE_POLICY_VIOLATION, "unknown or expired resume_token")
+            await conn.close(CLOSE_POLICY, "unknown or expired resume_token")
             return
-        await self._run(session, ws, session.resume(ws, last_seq))
+        await self._serve(session, conn, session.resume(conn, last_seq))
 
-    async def _run(self, session: Session, ws: ServerConnection, serving: Awaitable[None]) -> None:
+    async def _run(self, session: Session, conn: Connection) -> None:
+        self.sessions[session.id] = session
+        await self._serve(session, conn, session.run())
+
+    async def _serve(self, session: Session, conn: Connection, serving: Awaitable[None]) -> None:
         """Serve one connection of a session; forget the session once it ended."""
         try:
             await serving
         except Exception:
             log.exception("session %s failed", session.id)
             session.abort()
-            await ws.close(1011, "internal error")
+            await conn.close(1011, "internal error")
         finally:
             if session.ended:
                 self.sessions.pop(session.id, None)

@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
 from app.config import ServerConfig
+from app.connection import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Connection, Disconnected
 from app.engine_loop import EngineLoop
 from app.metrics import Metrics
 from app.store import TranscriptStore
@@ -40,10 +39,6 @@ from engine.words import Word
 
 log = logging.getLogger(__name__)
 
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_POLICY = 1008  # idle timeout
-CLOSE_INTERNAL = 1011  # the engine failed this session
 WARN_INTERVAL_S = 5.0  # at most one rate_limited warning per session this often
 
 
@@ -86,7 +81,7 @@ class Session:
     protocol = "base"
     resumable = False  # whether a dropped connection can be resumed with a token
 
-    def __init__(self, ws: ServerConnection, ctx: ServerContext, rate: int):
+    def __init__(self, ws: Connection, ctx: ServerContext, rate: int):
         self.ws = ws
         self.ctx = ctx
         self.id = new_id("sess")
@@ -126,11 +121,11 @@ class Session:
             raise
         await self._serve(self.ws)
 
-    async def resume(self, ws: ServerConnection, last_seq: int) -> None:
+    async def resume(self, ws: Connection, last_seq: int) -> None:
         """Take the session over on a new connection (the old one dropped, or is half-open)."""
         old, self.ws, self.connected = self.ws, ws, False
         if old is not ws:
-            old.transport.abort()  # a half-open old connection: its reader ends now
+            old.abort()  # a half-open old connection: its reader ends now
         self.ctx.metrics.sessions_resumed.inc(protocol=self.protocol)
         async with self.output_lock:  # nothing else is sent until the resume is told
             self.connected = True
@@ -138,7 +133,7 @@ class Session:
         self.attached.set()
         await self._serve(ws)
 
-    async def _serve(self, ws: ServerConnection) -> None:
+    async def _serve(self, ws: Connection) -> None:
         try:
             dropped = await self._read_loop(ws)
             if self.ws is not ws:
@@ -191,7 +186,7 @@ class Session:
         if self.resume_token is not None:
             self.ctx.resumable.pop(self.resume_token, None)
 
-    async def _read_loop(self, ws: ServerConnection) -> bool:
+    async def _read_loop(self, ws: Connection) -> bool:
         """Handle client messages; True when the connection dropped (no clean close)."""
         idle = self.ctx.config.idle_timeout_s
         while not self.closing and self.ws is ws:
@@ -199,14 +194,12 @@ class Session:
                 message = await asyncio.wait_for(ws.recv(), idle)
             except TimeoutError:
                 await self.send_error("idle_timeout", f"no message for {idle:g} s; closing")
-                self.close_code, self.close_reason = CLOSE_POLICY, "idle timeout"
+                self.close_code, self.close_reason = self.on_idle(idle)
                 return False
-            except ConnectionClosed as e:
+            except Disconnected as e:
                 if self.ws is ws:
                     self.connected = False
-                if e.sent is not None:  # the server closed it (e.g. 1009, message too big)
-                    return False
-                return e.rcvd is None or e.rcvd.code not in (CLOSE_NORMAL, CLOSE_GOING_AWAY)
+                return e.dropped
             try:
                 if isinstance(message, bytes):
                     await self.on_binary(message)
@@ -292,7 +285,7 @@ class Session:
             return
         try:
             await self.ws.send(json.dumps(event, ensure_ascii=False))
-        except ConnectionClosed:
+        except Disconnected:
             self.connected = False
 
     def _observe(self, output: EngineOutput) -> None:
@@ -327,6 +320,10 @@ class Session:
 
     async def on_finished(self) -> None:
         """Everything is transcribed and sent; the socket is about to close."""
+
+    def on_idle(self, idle_s: float) -> tuple[int, str]:
+        """No message for `idle_s`: the close code and reason."""
+        return CLOSE_POLICY, "idle timeout"
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         raise NotImplementedError

@@ -12,7 +12,27 @@ import torchaudio.functional as AF
 
 SAMPLE_RATE = 16000  # Whisper's input rate
 MIN_RATE, MAX_RATE = 8000, 48000  # rates accepted from streaming clients
-PCM_DTYPES = {"pcm16": np.dtype("<i2"), "float32": np.dtype("<f4")}
+PCM_DTYPES = {"pcm16": np.dtype("<i2"), "linear32": np.dtype("<i4"), "float32": np.dtype("<f4"),
+              "mulaw": np.dtype("u1"), "alaw": np.dtype("u1")}
+
+
+def _g711_table(law: str) -> torch.Tensor:
+    """(256,) float32: each G.711 byte's sample in [-1, 1] (ITU-T G.711 expansion)."""
+    byte = np.arange(256)
+    if law == "mulaw":
+        u = ~byte & 0xFF
+        magnitude = (((u & 0x0F) << 3) + 0x84 << ((u >> 4) & 7)) - 0x84
+        sample = np.where(u & 0x80, -magnitude, magnitude)
+    else:
+        a = byte ^ 0x55
+        exponent, mantissa = (a >> 4) & 7, a & 0x0F
+        magnitude = np.where(exponent == 0, (mantissa << 4) + 8,
+                             ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0))
+        sample = np.where(a & 0x80, magnitude, -magnitude)
+    return torch.from_numpy((sample / 32768.0).astype(np.float32))
+
+
+G711 = {law: _g711_table(law) for law in ("mulaw", "alaw")}
 
 
 class AudioError(ValueError):
@@ -57,23 +77,31 @@ def _tensor_view(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def pcm_to_float(data: bytes | bytearray | memoryview, encoding: str = "pcm16") -> torch.Tensor:
-    """PCM bytes -> (n,) float32 in [-1, 1]. Zero-copy view for float32, one scale for pcm16.
+def pcm_to_float(data: bytes | bytearray | memoryview, encoding: str = "pcm16",
+                 channels: int = 1) -> torch.Tensor:
+    """PCM bytes (interleaved when `channels` > 1) -> (n,) float32 mono in [-1, 1], the
+    channels averaged. Zero-copy view for mono float32, one scale for the integer encodings.
 
     np.frombuffer views the bytes without copying and torch.from_numpy shares that memory.
     """
     dtype = PCM_DTYPES.get(encoding)
     if dtype is None:
         raise AudioError(f"unknown encoding {encoding!r}; use one of {sorted(PCM_DTYPES)}")
-    if len(data) % dtype.itemsize:
-        raise AudioError(
-            f"{encoding} frames must hold a multiple of {dtype.itemsize} bytes, got {len(data)}"
-        )
-    samples = _tensor_view(np.frombuffer(data, dtype=dtype))
-    if encoding == "pcm16":
-        return samples.float() / 32768.0
-    if not bool(torch.isfinite(samples).all()):
-        raise AudioError("float32 frames hold NaN or infinite samples")
+    frame = dtype.itemsize * channels
+    if len(data) % frame:
+        what = f"{channels} channels of " if channels > 1 else ""
+        raise AudioError(f"{what}{encoding} frames must hold a multiple of {frame} bytes, got {len(data)}")
+    raw = _tensor_view(np.frombuffer(data, dtype=dtype))
+    if encoding in G711:
+        samples = G711[encoding][raw.long()]
+    elif encoding == "float32":
+        if not bool(torch.isfinite(raw).all()):
+            raise AudioError("float32 frames hold NaN or infinite samples")
+        samples = raw
+    else:
+        samples = raw.float() / float(1 << (8 * dtype.itemsize - 1))
+    if channels > 1:
+        samples = samples.view(-1, channels).mean(dim=1)
     return samples
 
 

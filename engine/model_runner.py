@@ -35,7 +35,7 @@ from engine.model.transcribe import TEMPERATURES, decode_with_fallback
 from engine.processor_cache import ProcessorCache
 from engine.scheduler import ScheduledWindow
 from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND, positions_to_seconds, seconds_to_ms
-from engine.words import Word, window_words
+from engine.words import Word, add_probabilities, window_words
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +322,8 @@ class ModelRunner:
                                        positions_to_seconds(window.window_start),
                                        positions_to_seconds(window.window_end - window.window_start),
                                        starts)
+        add_probabilities(words, decoded.tokens, decoded.token_logprobs,
+                          self.bundle.tokenizer.timestamp_begin)
         return WindowResult(window.request_id, words, window.final, window.preview,
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
                             tokens=decoded.tokens)

@@ -167,8 +167,9 @@ class Scheduler:
         start = request.window_start
         end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
         endpoint = request.endpoints[0] if request.endpoints else 0
-        if start < endpoint < end:
-            end = endpoint  # the window ends at the pause (audio past it waits, a backlog)
+        stops = [p for p in (endpoint, request.flush_position) if start < p < end]
+        if stops:  # the window ends at the pause or the flush (audio past it waits, a backlog)
+            end = min(stops)
         preview = partial and start <= request.preview_start and (
             end - request.preview_start < self.config.preview_positions)
         if preview:

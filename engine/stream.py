@@ -86,7 +86,7 @@ class PaddingMap:
         if not self.ends:
             return words
         f = self.audio_ms
-        return [Word(w.text, f(w.start_ms), f(w.end_ms), w.tokens) for w in words]
+        return [Word(w.text, f(w.start_ms), f(w.end_ms), w.tokens, w.probability) for w in words]
 
 
 class Stream:

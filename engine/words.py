@@ -9,6 +9,7 @@ its words by character count.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ class Word:
     start_ms: int  # absolute session time
     end_ms: int
     tokens: list[int] = field(default_factory=list)
+    probability: float | None = None  # the mean of its tokens' probabilities (None: unknown)
 
     @property
     def key(self) -> str:
@@ -147,6 +149,19 @@ def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float, seconds
             words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
                                    min(max(segment.end, segment.start), limit))
     return words, offset + min(consumed, seconds)
+
+
+def add_probabilities(words: list[Word], tokens: list[int], logprobs: list[float],
+                      timestamp_begin: int) -> None:
+    """Set each word's probability, the mean of its tokens' (as openai/whisper's), from a
+    decode's tokens and their log-probabilities; `words` hold a prefix of its text tokens."""
+    probs = [math.exp(p) for t, p in zip(tokens, logprobs, strict=True) if t < timestamp_begin]
+    i = 0
+    for word in words:
+        n = len(word.tokens)
+        if n and i + n <= len(probs):
+            word.probability = sum(probs[i : i + n]) / n
+        i += n
 
 
 def timed_prompt(words: list[Word], timestamp_begin: int) -> list[int]:

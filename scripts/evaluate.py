@@ -45,7 +45,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.replay import percentile, utterance_end_ms  # noqa: E402
+from app.replay import percentile, result_end_ms, result_words, utterance_end_ms, with_client_query  # noqa: E402
 from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
@@ -119,7 +119,7 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
     ends_ms = sorted(round(s["end"] * 1000) for s in result.clip.manifest["sentences"])
     words: Words = []
     query = f"?sample_rate={rate}&encoding=linear16"
-    async with connect(base_url + query, max_size=None, ping_timeout=None) as ws:
+    async with connect(with_client_query(base_url + query), max_size=None, ping_timeout=None) as ws:
         start = time.monotonic()
 
         async def read() -> None:
@@ -129,11 +129,12 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
                     result.errors.append(m["code"])
                 if m["type"] != "Results":
                     continue
-                if result.first_partial_s is None and m["text"]:
+                got = result_words(m)
+                if result.first_partial_s is None and got:
                     result.first_partial_s = now - start
-                if m["is_final"] and m["words"]:
-                    words.extend((w["start_ms"] / 1000, w["end_ms"] / 1000, w["word"]) for w in m["words"])
-                    i = bisect.bisect_left(sent_ms, utterance_end_ms(ends_ms, m["end_ms"]))
+                if m["is_final"] and got:
+                    words.extend((a / 1000, b / 1000, w) for a, b, w in got)
+                    i = bisect.bisect_left(sent_ms, utterance_end_ms(ends_ms, result_end_ms(m)))
                     if i < len(sent_at):
                         result.latencies.append(now - sent_at[i])
 

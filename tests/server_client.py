@@ -15,7 +15,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from app.config import ServerConfig
+from app.replay import transcript, with_client_query
 from app.server import Server
+from app.session import Session
 from audio.io import float_to_pcm16
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -36,6 +38,15 @@ async def running_server(tmp_path: Path, engine_config: EngineConfig | None = No
         await server.stop()
 
 
+def drop_server_side(server: Server, session: Session) -> None:
+    """Cut a session's TCP connection on the server side, with no close frame (run this on
+    the server's event loop)."""
+    assert server.http is not None
+    for protocol in list(server.http.server_state.connections):
+        if getattr(protocol, "client", None) == tuple(session.ws.client or ()):
+            protocol.transport.abort()
+
+
 async def wait_until(condition, seconds: float = 300.0) -> None:
     """Poll `condition()` every 0.1 s; fail after `seconds`."""
     for _ in range(int(seconds * 10)):
@@ -46,6 +57,10 @@ async def wait_until(condition, seconds: float = 300.0) -> None:
 
 
 def url(server: Server, path: str) -> str:
+    """The server's URL of `path`; a new /v1/listen session asks what Voxtide's own clients
+    ask (interim results, punctuation, Voxtide's events: see app.replay.CLIENT_QUERY)."""
+    if path.startswith("/v1/listen") and "resume_token=" not in path:
+        path = with_client_query(path)
     return f"ws://127.0.0.1:{server.port}{path}"
 
 
@@ -95,7 +110,7 @@ async def listen(server: Server, samples: torch.Tensor, rate: int = 16000, encod
         for i in range(0, len(payload), step):
             if i <= pause_at < i + step:
                 await wait_until(lambda: any(m["type"] == "Results" and not m["is_final"]
-                                             and m["text"] for m in messages))
+                                             and transcript(m) for m in messages))
             await ws.send(payload[i : i + step])
         await ws.send(json.dumps({"type": "CloseStream"}))
         await reader
@@ -103,7 +118,8 @@ async def listen(server: Server, samples: torch.Tensor, rate: int = 16000, encod
 
 
 def finals_text(messages: list[dict]) -> str:
-    return " ".join(m["text"] for m in messages if m["type"] == "Results" and m["is_final"] and m["text"])
+    return " ".join(transcript(m) for m in messages
+                    if m["type"] == "Results" and m["is_final"] and transcript(m))
 
 
 async def realtime_append(ws: ClientConnection, samples: torch.Tensor, rate: int = 24000,

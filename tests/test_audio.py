@@ -80,11 +80,23 @@ def test_float32_frames_are_zero_copy():
     (b"\x00\x01\x02", "pcm16", "multiple of 2"),
     (b"\x00" * 6, "float32", "multiple of 4"),
     (np.array([np.nan, 1.0], dtype="<f4").tobytes(), "float32", "NaN"),
-    (b"\x00\x00", "mulaw", "unknown encoding"),
+    (b"\x00\x00", "opus", "unknown encoding"),
 ])
 def test_bad_pcm_frames(data, encoding, message):
     with pytest.raises(AudioError, match=message):
         pcm_to_float(data, encoding)
+
+
+def test_g711_expands_as_the_standard_and_channels_are_mixed_down():
+    audioop = pytest.importorskip("audioop")  # the standard library's G.711 (gone in Python 3.13)
+    codes = bytes(range(256))
+    for law, expand in (("mulaw", audioop.ulaw2lin), ("alaw", audioop.alaw2lin)):
+        reference = (np.frombuffer(expand(codes, 2), "<i2") / 32768).astype(np.float32)
+        assert np.array_equal(pcm_to_float(codes, law).numpy(), reference), law
+    stereo = np.array([[1000, 3000], [-2000, 0]], "<i2").tobytes()
+    assert pcm_to_float(stereo, "pcm16", channels=2).tolist() == [2000 / 32768, -1000 / 32768]
+    with pytest.raises(AudioError, match="multiple of 4"):
+        pcm_to_float(b"\x00" * 6, "pcm16", channels=2)
 
 
 @pytest.mark.parametrize("rate", [8000, 22050, 24000, 44100, 48000])

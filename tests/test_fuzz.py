@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from app.replay import transcript
 from engine.config import EngineConfig
 from tests.server_client import ThreadedServer, pcm16_at
 from tests.test_server import clip, error_rate
@@ -33,7 +34,7 @@ settings.register_profile("fuzz", max_examples=1000, deadline=None, database=Non
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 
 MAX_MESSAGE = 4096
-LISTEN_TYPES = {"Connected", "Results", "Error", "Warning", "Metadata"}
+LISTEN_TYPES = {"Connected", "Results", "Error", "Warning", "Metadata", "UtteranceEnd", "SpeechStarted"}
 LISTEN_ERRORS = {"invalid_json", "invalid_audio", "unknown_message"}
 REALTIME_TYPES = {"session.created", "session.updated", "transcription_session.updated", "error",
                   "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
@@ -100,7 +101,7 @@ def assert_server_healthy(server: ThreadedServer) -> None:
             ws.send(pcm[i : i + 3200])
         ws.send(json.dumps({"type": "CloseStream"}))
         messages = receive_until_closed(ws, 120)
-    text = " ".join(m["text"] for m in messages if m["type"] == "Results" and m["is_final"])
+    text = " ".join(transcript(m) for m in messages if m["type"] == "Results" and m["is_final"])
     assert error_rate(reference, text) <= 0.15, text
     assert not server.errors, [r.getMessage() for r in server.errors]
 
@@ -109,8 +110,10 @@ def test_listen_protocol_survives_fuzzing(fuzz_server):
     queries = st.one_of(
         st.just(""),
         st.integers(-10**12, 10**12).map(lambda r: f"sample_rate={r}"),
-        st.sampled_from(["encoding=float32", "encoding=mulaw", "channels=2", "sample_rate=abc",
-                         "sample_rate=8000", "sample_rate=44100&encoding=float32", "sample_rate=1e9"]),
+        st.sampled_from(["encoding=float32", "encoding=mulaw", "encoding=opus", "channels=2", "channels=0",
+                         "sample_rate=abc", "sample_rate=8000", "sample_rate=44100&encoding=float32",
+                         "sample_rate=1e9", "interim_results=maybe", "utterance_end_ms=1000&vad_events=true",
+                         "multichannel=true", "language=fr", "endpointing=false"]),
     )
     messages = st.lists(st.one_of(
         st.binary(max_size=2000),  # random PCM16, odd lengths and zero-length frames included
@@ -147,7 +150,7 @@ def test_listen_protocol_survives_fuzzing(fuzz_server):
         assert {m["type"] for m in received} <= LISTEN_TYPES
         for m in received:
             if m["type"] == "Error":
-                assert m["code"] in LISTEN_ERRORS and m["message"], m
+                assert m["code"] in LISTEN_ERRORS and m["description"], m
         if not sent_oversized:
             assert received[-1]["type"] == "Metadata"
 

@@ -9,6 +9,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from app.replay import result_words, transcript
 from engine.config import EngineConfig
 from tests.helpers import concatenated, librivox_path, transcripts
 from tests.server_client import pcm16_at, running_server, url, wait_until
@@ -31,7 +32,7 @@ async def collect(ws, into: list[dict]) -> None:
 
 
 def finals(messages: list[dict]) -> list[dict]:
-    return [m for m in messages if m["type"] == "Results" and m["is_final"] and m["words"]]
+    return [m for m in messages if m["type"] == "Results" and m["is_final"] and result_words(m)]
 
 
 async def test_resume_continues_the_transcript_without_gap_or_duplicate(tmp_path):
@@ -78,10 +79,10 @@ async def test_resume_continues_the_transcript_without_gap_or_duplicate(tmp_path
     seqs = [m["seq"] for m in got]
     assert seqs == sorted(set(seqs))  # no final twice, in order
     assert [m["seq"] for m in stored] == seqs  # none missing: the client saw every stored final
-    words = [w for m in got for w in m["words"]]
-    assert all(a["end_ms"] <= b["start_ms"] for a, b in zip(words, words[1:], strict=False))  # no overlap
-    assert second[-1]["type"] == "Metadata" and second[-1]["duration_ms"] == len(pcm) * 1000 // 32000
-    text = " ".join(m["text"] for m in got)
+    words = [w for m in got for w in result_words(m)]
+    assert all(a[1] <= b[0] for a, b in zip(words, words[1:], strict=False))  # no overlap
+    assert second[-1]["type"] == "Metadata" and second[-1]["duration"] == len(pcm) / 32000
+    text = " ".join(transcript(m) for m in got)
     assert error_rate(reference, text) <= 0.15, text
 
 
@@ -139,8 +140,8 @@ async def test_overload_warns_pushes_back_and_refuses_new_sessions(tmp_path):
     assert refusals and all(code == 1013 and "overloaded" in reason for code, reason in refusals)
     assert rejected == len(refusals)
     # nothing accepted was dropped: every second is accounted for and transcribed
-    assert messages[-1]["type"] == "Metadata" and messages[-1]["duration_ms"] == len(pcm) * 1000 // 32000
-    text = " ".join(m["text"] for m in finals(messages))
+    assert messages[-1]["type"] == "Metadata" and messages[-1]["duration"] == len(pcm) / 32000
+    text = " ".join(transcript(m) for m in finals(messages))
     assert error_rate(reference, text) <= 0.15, text
 
 

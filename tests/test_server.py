@@ -19,6 +19,7 @@ import torch
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from app.replay import result_words, transcript
 from audio.frames import AudioFramer, LogFloor, item_log_mel
 from engine.config import EngineConfig
 from engine.model.transcribe import transcribe
@@ -70,18 +71,28 @@ async def test_listen_streams_a_recording_and_stores_its_finals(tmp_path):
         messages, ws = await listen(server, samples, partial_after_s=2.5)
     assert ws.close_code == 1000
     assert messages[0]["type"] == "Connected"
-    assert messages[-1] == {"type": "Metadata", "session_id": messages[0]["session_id"],
-                            "duration_ms": 5300, "num_finals": messages[-1]["num_finals"]}
+    session_id = messages[0]["session_id"]
+    metadata = messages[-1]
+    assert metadata["type"] == "Metadata" and metadata["request_id"] == session_id
+    assert metadata["duration"] == 5.3 and metadata["channels"] == 1
+    assert metadata["model_info"][metadata["models"][0]]["name"] == server.ctx.model_name
     results = [m for m in messages if m["type"] == "Results"]
     assert [m["seq"] for m in results] == list(range(1, len(results) + 1))
     assert any(not m["is_final"] for m in results)  # partials came before the finals
     assert finals_text(messages) == GOLDEN["0890"]  # what the model says offline, word for word
-    finals = [m for m in results if m["is_final"] and m["text"]]
-    starts = [w["start_ms"] for m in finals for w in m["words"]]
-    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] < 5300
+    finals = [m for m in results if m["is_final"] and transcript(m)]
+    # finals cover the stream end to end, each from where the last one ended
+    ends = [0.0] + [round(m["start"] + m["duration"], 3) for m in finals]
+    assert [round(m["start"], 3) for m in finals] == ends[:-1]
+    words = [w for m in finals for w in m["channel"]["alternatives"][0]["words"]]
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] < 5.3
+    assert all(0 < w["confidence"] <= 1 and w["word"] == w["word"].lower() for w in words)
+    assert " ".join(w["punctuated_word"] for w in words) == GOLDEN["0890"]
     # every final was written to the session's JSONL file, in order
-    stored = server.store.read(messages[0]["session_id"])
-    assert stored == finals
+    stored = server.store.read(session_id)
+    assert [r["text"] for r in stored] == [transcript(m) for m in finals]
+    assert [r["seq"] for r in stored] == [m["seq"] for m in finals]
 
 
 async def test_listen_float32_at_44100_is_resampled(tmp_path):
@@ -112,10 +123,10 @@ async def test_listen_finalize_commits_and_keeps_the_stream_open(tmp_path):
             rest = await receive_all(ws)
     assert error_rate(second_ref, finals_text(rest)) <= 0.15, finals_text(rest)
     # after Finalize, timestamps are still in received-audio time (the padding is not counted)
-    words = [w for m in rest if m["type"] == "Results" and m["is_final"] for w in m["words"]]
+    words = [w for m in rest if m["type"] == "Results" and m["is_final"] for w in result_words(m)]
     first_ms = len(first) * 1000 // 16000
-    assert first_ms - 100 <= words[0]["start_ms"] <= first_ms + 1000
-    assert rest[-1]["duration_ms"] == (len(first) + len(second)) * 1000 // 16000
+    assert first_ms - 100 <= words[0][0] <= first_ms + 1000
+    assert rest[-1]["duration"] == (len(first) + len(second)) / 16000
 
 
 async def test_two_concurrent_sessions_do_not_mix_text(tmp_path):
@@ -281,7 +292,7 @@ async def test_limits_key_sessions_message_size_idle(tmp_path):
             messages = await receive_all(idle, timeout=10)
         assert [m["type"] for m in messages] == ["Connected", "Error", "Metadata"]
         assert messages[1]["code"] == "idle_timeout"
-        assert idle.close_code == 1008
+        assert idle.close_code == 1011 and idle.close_reason.startswith("NET-0001")  # Deepgram's
 
 
 async def test_http_routes_health_metrics_static(tmp_path):
@@ -370,7 +381,7 @@ async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_h
         server.engine.runner.process.kill()
         messages, ws = await listen(server, samples)
         assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "engine_error"
-        assert "WorkerError" in messages[-1]["message"] and ws.close_code == 1011
+        assert "WorkerError" in messages[-1]["description"] and ws.close_code == 1011
         status, _, body = await http_get(server, "/healthz")
         assert status == 503 and json.loads(body)["status"] == "model worker exited"
 

@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 
 from tests.helpers import concatenated, librivox_path, transcripts
-from tests.server_client import ThreadedServer
+from tests.server_client import ThreadedServer, drop_server_side
 from tests.test_server import error_rate
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -106,7 +106,7 @@ def test_microphone_page_transcribes_the_fake_capture(server, recording):
 def drop_connection(server: ThreadedServer) -> None:
     """Cut the session's TCP connection on the server side, with no close frame."""
     (session,) = server.server.sessions.values()
-    server.loop.call_soon_threadsafe(session.ws.transport.abort)  # on the server's own loop
+    server.loop.call_soon_threadsafe(drop_server_side, server.server, session)  # on its own loop
 
 
 def test_microphone_page_resumes_after_a_dropped_connection(tmp_path, recording):

@@ -13,6 +13,8 @@ const FRAME_SAMPLES = (OUT_RATE * FRAME_MS) / 1000;
 const HIGH_WATER = 256 * 1024; // bytes waiting in the socket before frames are held back
 const KEEP_SAMPLES = 120 * OUT_RATE; // audio kept for a resume after a dropped connection
 const RETRY_MS = [250, 500, 1000, 2000, 4000, 8000];
+// beyond Deepgram's defaults: partials, punctuation, and Voxtide's events (the resume token)
+const CLIENT_QUERY = "interim_results=true&punctuate=true&voxtide_events=true";
 
 const $ = (id) => document.getElementById(id);
 
@@ -41,7 +43,7 @@ class ListenStream {
     const key = $("key").value ? `&api_key=${encodeURIComponent($("key").value)}` : "";
     return this.token
       ? `${base}?resume_token=${encodeURIComponent(this.token)}&last_seq=${this.lastSeq}${key}`
-      : `${base}?sample_rate=${OUT_RATE}&encoding=linear16${key}`;
+      : `${base}?sample_rate=${OUT_RATE}&encoding=linear16&${CLIENT_QUERY}${key}`;
   }
 
   connect() {
@@ -72,9 +74,9 @@ class ListenStream {
       this.lastSeq = Math.max(this.lastSeq, m.seq);
       this.view.result(m);
     } else if (m.type === "Warning" || m.type === "Error") {
-      this.view.notice(`${m.code}: ${m.message}`);
+      this.view.notice(`${m.code}: ${m.description}`);
     } else if (m.type === "Metadata") {
-      this.view.status(`done: ${clock(m.duration_ms)} transcribed`);
+      this.view.status(`done: ${clock(m.duration * 1000)} transcribed`);
     }
   }
 
@@ -136,17 +138,18 @@ const view = {
     $("notice").hidden = false;
   },
   result(m) {
+    const alternative = m.channel.alternatives[0];
     if (m.is_final) {
-      if (m.text) {
+      if (alternative.transcript) {
         const span = document.createElement("span");
         span.className = "final";
         const time = document.createElement("time");
-        time.textContent = clock(m.start_ms);
-        span.append(time, `${m.text} `);
+        time.textContent = clock(alternative.words[0].start * 1000);
+        span.append(time, `${alternative.transcript} `);
         $("committed").append(span);
       }
     } else {
-      $("tentative").textContent = m.text;
+      $("tentative").textContent = alternative.transcript;
     }
   },
 };

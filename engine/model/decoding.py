@@ -68,6 +68,7 @@ class DecodingResult:
     compression_ratio: float
     stop: str  # "eot", "budget" or "repetition"
     temperature: float = 0.0
+    token_logprobs: list[float] = field(default_factory=list)  # per token of `tokens`
 
     @property
     def needs_fallback(self) -> bool:
@@ -210,7 +211,8 @@ class _Row:
         self.budget = token_budget(options.audio_seconds, model.dims.n_text_ctx, num_initial)
         self.generator = torch.Generator(device=device).manual_seed(options.seed)
         self.seq: list[int] = []
-        self.sum_logprob = 0.0
+        self.logprobs: list[float] = []  # of each token in `seq`
+        self.sum_logprob = 0.0  # of every token chosen, also those a repetition drop removed
         self.stop = ""  # set when the row is done
         self.no_speech_prob = 0.0
 
@@ -229,11 +231,13 @@ class _Row:
         if token == eot:
             self.stop = "eot"
             return eot
-        self.sum_logprob += float(torch.log_softmax(masked.float(), dim=-1)[token])
+        logprob = float(torch.log_softmax(masked.float(), dim=-1)[token])
+        self.sum_logprob += logprob
+        self.logprobs.append(logprob)
         self.seq.append(token)
         drop = repeated_tail(self.seq)
         if drop:
-            del self.seq[-drop:]
+            del self.seq[-drop:], self.logprobs[-drop:]
             self.stop = "repetition"
         elif len(self.seq) >= self.budget:
             self.stop = "budget"
@@ -249,6 +253,7 @@ class _Row:
             compression_ratio=compression_ratio(text),
             stop=self.stop or "budget",
             temperature=self.options.temperature,
+            token_logprobs=self.logprobs,
         )
 
 
