@@ -7,7 +7,9 @@ transcription_session.updated, input_audio_buffer.speech_started / speech_stoppe
 committed / cleared, conversation.item.input_audio_transcription.delta / completed, error.
 
 Audio is pcm16 mono at 24 kHz as OpenAI's, or at the rate given in
-`session.audio.input.format.rate` (any of 8000-48000) or the `sample_rate` query parameter.
+`session.audio.input.format.rate` (any of 8000-48000) or the `sample_rate` query parameter,
+or G.711 at 8 kHz (`audio/pcmu`, `audio/pcma`; beta `g711_ulaw`, `g711_alaw`). The session
+reports the running model, whatever model was asked for.
 Each turn (the audio between two commits) is one conversation item. With turn detection
 (`server_vad`, the default) a turn is committed after `silence_duration_ms` of silence;
 with `turn_detection: null` the client commits. Deltas stream each item's text as the engine
@@ -33,6 +35,10 @@ from engine.engine import EngineOutput
 from engine.words import Word
 
 OPENAI_RATE = 24000
+G711_RATE = 8000
+# audio format -> PCM encoding: GA's format types and beta's input_audio_format names
+FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "mulaw", "audio/pcma": "alaw"}
+BETA_FORMATS = {"pcm16": "pcm16", "g711_ulaw": "mulaw", "g711_alaw": "alaw"}
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
 DEFAULT_TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
                           "silence_duration_ms": 500}
@@ -54,6 +60,7 @@ class RealtimeSession(Session):
     def __init__(self, ws: Connection, ctx: ServerContext, rate: int = OPENAI_RATE):
         super().__init__(ws, ctx, rate)
         self.transcription: dict[str, Any] = {"model": ctx.model_name, "prompt": "", "language": "en"}
+        self.encoding = "pcm16"  # of the appended audio: pcm16, or G.711 mulaw / alaw at 8 kHz
         self.turn_detection: dict[str, Any] | None = dict(DEFAULT_TURN_DETECTION)
         self.vad: TurnDetector | None = self._make_vad()
         self.items: list[Item] = []  # open items (not completed), oldest first
@@ -83,12 +90,15 @@ class RealtimeSession(Session):
     def session_object(self) -> dict[str, Any]:
         """The session, in the GA shape (`audio.input`) and the beta fields beside it."""
         rate = self.resampler.rate
+        fmt: dict[str, Any] = {"type": next(k for k, v in FORMATS.items() if v == self.encoding)}
+        if self.encoding == "pcm16":
+            fmt["rate"] = rate
         return {
             "id": self.id, "object": "realtime.transcription_session", "type": "transcription",
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": rate},
-                                "transcription": dict(self.transcription),
+            "audio": {"input": {"format": fmt, "transcription": dict(self.transcription),
                                 "turn_detection": self.turn_detection, "noise_reduction": None}},
-            "input_audio_format": "pcm16", "input_audio_sample_rate": rate,
+            "input_audio_format": next(k for k, v in BETA_FORMATS.items() if v == self.encoding),
+            "input_audio_sample_rate": rate,
             "input_audio_transcription": dict(self.transcription),
             "turn_detection": self.turn_detection, "include": [],
         }
@@ -132,7 +142,7 @@ class RealtimeSession(Session):
             audio_in = audio.get("input") or {}
             if not isinstance(audio_in, dict):
                 raise ValueError("session.audio.input must be an object")
-            rate = self._rate(session, audio_in)
+            encoding, rate = self._format(session, audio_in)
             transcription = audio_in.get("transcription", session.get("input_audio_transcription"))
             if transcription is not None and not isinstance(transcription, dict):
                 raise ValueError("transcription settings must be an object")
@@ -148,9 +158,9 @@ class RealtimeSession(Session):
         if rate != self.resampler.rate:
             self._feed(self.resampler.flush())
             self.resampler = StreamResampler(rate)
-        if transcription:
-            self.transcription.update({k: v for k, v in transcription.items()
-                                       if k in ("model", "prompt", "language")})
+        self.encoding = encoding
+        if transcription:  # the model is the one running, whatever was asked for
+            self.transcription.update({k: v for k, v in transcription.items() if k in ("prompt", "language")})
         if turn_detection != "unchanged":
             self.turn_detection = turn_detection
             self.vad = self._make_vad()
@@ -177,20 +187,27 @@ class RealtimeSession(Session):
             return merged
         return "unchanged"
 
-    def _rate(self, session: dict[str, Any], audio_in: dict[str, Any]) -> int:
+    def _format(self, session: dict[str, Any], audio_in: dict[str, Any]) -> tuple[str, int]:
+        """The input audio's (PCM encoding, rate) after an update."""
         fmt = audio_in.get("format", session.get("input_audio_format"))
         if fmt is None:
-            return self.resampler.rate
-        if isinstance(fmt, str):
-            if fmt != "pcm16":
-                raise ValueError(f"input_audio_format {fmt!r} is not supported; use pcm16")
-            return check_stream_rate(int(session.get("input_audio_sample_rate", OPENAI_RATE)))
-        if fmt.get("type", "audio/pcm") != "audio/pcm":
-            raise ValueError(f"audio format {fmt.get('type')!r} is not supported; use audio/pcm")
+            return self.encoding, self.resampler.rate
+        if isinstance(fmt, str):  # beta
+            if fmt not in BETA_FORMATS:
+                raise ValueError(f"input_audio_format {fmt!r} is not supported; use "
+                                 + ", ".join(BETA_FORMATS))
+            if BETA_FORMATS[fmt] != "pcm16":
+                return BETA_FORMATS[fmt], G711_RATE
+            return "pcm16", check_stream_rate(int(session.get("input_audio_sample_rate", OPENAI_RATE)))
+        kind = fmt.get("type", "audio/pcm")
+        if kind not in FORMATS:
+            raise ValueError(f"audio format {kind!r} is not supported; use " + ", ".join(FORMATS))
+        if FORMATS[kind] != "pcm16":
+            return FORMATS[kind], G711_RATE
         rate = fmt.get("rate", OPENAI_RATE)
         if not isinstance(rate, int) or isinstance(rate, bool):
             raise ValueError(f"format.rate must be an integer, got {rate!r}")
-        return check_stream_rate(rate)
+        return "pcm16", check_stream_rate(rate)
 
     def _make_vad(self) -> TurnDetector | None:
         td = self.turn_detection
@@ -207,7 +224,7 @@ class RealtimeSession(Session):
             return
         try:
             data = base64.b64decode(audio, validate=True)
-            samples = pcm_to_float(data, "pcm16")
+            samples = pcm_to_float(data, self.encoding)
         except (binascii.Error, ValueError) as e:
             code = "invalid_audio" if isinstance(e, AudioError) else "invalid_base64"
             await self.send_error(code, f"audio could not be decoded: {e}", event_id=event_id,

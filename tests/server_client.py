@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -18,7 +19,7 @@ from app.config import ServerConfig
 from app.replay import transcript, with_client_query
 from app.server import Server
 from app.session import Session
-from audio.io import float_to_pcm16
+from audio.io import G711, float_to_pcm16
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model import ModelBundle
@@ -69,6 +70,15 @@ def pcm16_at(samples: torch.Tensor, rate: int) -> bytes:
     if rate != 16000:
         samples = torch.clamp(resample_to(samples, rate, 16000), -1, 1)
     return float_to_pcm16(samples)
+
+
+def g711(samples: np.ndarray, law: str) -> bytes:
+    """Float samples -> G.711 bytes: the nearest code of the law's decoding table."""
+    table = G711[law].numpy()
+    order = np.argsort(table)
+    k = np.clip(np.searchsorted(table[order], samples), 1, 255)
+    nearer = np.where(samples - table[order][k - 1] < table[order][k] - samples, k - 1, k)
+    return order[nearer].astype(np.uint8).tobytes()
 
 
 def resample_to(samples: torch.Tensor, new: int, orig: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from app.replay import result_words, transcript
-from tests.server_client import pcm16_at, receive_all, resample_to, running_server
+from tests.server_client import g711, pcm16_at, receive_all, resample_to, running_server
 from tests.test_server import clip, error_rate
 
 MODELS = {"Results": ListenV1Results, "Metadata": ListenV1Metadata, "UtteranceEnd": ListenV1UtteranceEnd,
@@ -165,13 +165,3 @@ async def test_listen_encodings_and_channels(tmp_path, encoding, rate, channels)
     assert all(0 <= w[0] <= len(at_rate) * 1000 / rate for m in messages if m["type"] == "Results"
                for w in result_words(m))
 
-
-def g711(samples: np.ndarray, law: str) -> bytes:
-    """Float samples -> G.711 bytes: the nearest code of the law's decoding table."""
-    from audio.io import G711
-
-    table = G711[law].numpy()
-    order = np.argsort(table)
-    k = np.clip(np.searchsorted(table[order], samples), 1, 255)
-    nearer = np.where(samples - table[order][k - 1] < table[order][k] - samples, k - 1, k)
-    return order[nearer].astype(np.uint8).tobytes()

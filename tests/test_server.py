@@ -28,11 +28,13 @@ from scripts.wer import word_errors
 from tests.helpers import audio, bundle, fail_decodes, librivox_path, transcripts
 from tests.server_client import (
     finals_text,
+    g711,
     listen,
     next_event,
     pcm16_at,
     realtime_append,
     receive_all,
+    resample_to,
     running_server,
     url,
     wait_until,
@@ -175,6 +177,30 @@ async def test_realtime_openai_client_with_manual_commits(tmp_path):
     assert len({e["event_id"] for e in events}) == len(events)
 
 
+async def test_realtime_g711_browser_key_and_the_running_model(tmp_path):
+    samples, reference = clip("0930")
+    mulaw = g711(torch.clamp(resample_to(samples, 8000, 16000), -1, 1).numpy(), "mulaw")
+    async with running_server(tmp_path, api_key="s3cret") as server:
+        # a browser's key: a subprotocol beside "realtime", which is answered
+        async with connect(url(server, "/v1/realtime"),
+                           subprotocols=["realtime", "openai-insecure-api-key.s3cret"]) as ws:
+            assert ws.subprotocol == "realtime"
+            await next_event(ws, "session.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription",
+                "audio": {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None,
+                                    "transcription": {"model": "gpt-4o-transcribe"}}}}}))
+            updated = (await next_event(ws, "session.updated"))["session"]
+            assert updated["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+            assert updated["input_audio_format"] == "g711_ulaw"
+            assert updated["audio"]["input"]["transcription"]["model"] == server.ctx.model_name
+            for i in range(0, len(mulaw), 800):  # 100 ms of 8 kHz G.711
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(mulaw[i : i + 800]).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            done = await next_event(ws, "conversation.item.input_audio_transcription.completed")
+    assert error_rate(reference, done["transcript"]) <= 0.15, done["transcript"]
+
+
 async def test_realtime_server_vad_commits_each_turn(tmp_path):
     """Each turn is committed and transcribed as offline Whisper transcribes it (0880 alone is
     "He was not an old-sposed young man." there too)."""
@@ -227,7 +253,7 @@ async def test_bad_input_gets_error_events_and_sessions_keep_working(tmp_path):
                    json.dumps({"type": "input_audio_buffer.append", "audio": 5}),
                    json.dumps({"type": "response.create", "event_id": "e1"}),
                    json.dumps({"type": "input_audio_buffer.commit"}),
-                   json.dumps({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+                   json.dumps({"type": "session.update", "session": {"input_audio_format": "g729"}}),
                    json.dumps({"type": "session.update", "session": {"audio": {"input": {
                        "format": {"type": "audio/pcm", "rate": 1000000}}}}}),
                    json.dumps({"type": "session.update", "session": {"input_audio_transcription": {
