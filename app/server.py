@@ -1,6 +1,7 @@
 """The server: routes, limits, and the engine loop, on one port (uvicorn + Starlette).
 
-HTTP: GET /healthz, GET /metrics (Prometheus text), and the allowlisted files of web/.
+HTTP: GET /healthz, GET /metrics (Prometheus text), GET /v1/models (OpenAI's list, behind
+the API key), and the allowlisted files of web/.
 Websocket: /v1/listen and /v1/realtime, behind the optional API key, given as
 `Authorization: Bearer <key>` or `Token <key>`, `?api_key=<key>`, or by browsers (which
 cannot set headers) as a subprotocol: Deepgram's ["token", <key>] or OpenAI's
@@ -20,6 +21,7 @@ import json
 import logging
 import mimetypes
 import signal
+import time
 import uuid
 from collections.abc import Awaitable
 from http import HTTPStatus
@@ -103,6 +105,7 @@ class Server:
                                  engine.bundle.name, engine.bundle.tokenizer.multilingual)
         self.sessions: dict[str, Session] = {}
         self.http: uvicorn.Server | None = None
+        self.started_at = int(time.time())
         self._add_gauges()
 
     def _add_gauges(self) -> None:
@@ -137,6 +140,7 @@ class Server:
         routes: list[Route | WebSocketRoute] = [
             Route("/healthz", self.healthz),
             Route("/metrics", self.metrics_page),
+            Route("/v1/models", self.models),
             WebSocketRoute("/v1/listen", self.listen),
             WebSocketRoute("/v1/realtime", self.realtime),
         ]
@@ -213,6 +217,15 @@ class Server:
     async def metrics_page(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8",
                         headers={"Cache-Control": "no-store"})
+
+    async def models(self, request: Request) -> Response:
+        """OpenAI's model list: the one running model (behind the API key, as OpenAI's)."""
+        if not self._authorized(request):
+            return JSONResponse({"error": {"type": "invalid_request_error", "code": "invalid_api_key",
+                                           "message": "missing or wrong API key"}}, HTTPStatus.UNAUTHORIZED)
+        model = {"id": self.ctx.model_name, "object": "model", "created": self.started_at,
+                 "owned_by": "voxtide"}
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def static(self, request: Request) -> Response:
         name = STATIC_FILES[request.url.path]

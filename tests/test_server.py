@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 import torch
 from websockets.asyncio.client import connect
@@ -319,6 +320,17 @@ async def test_limits_key_sessions_message_size_idle(tmp_path):
         assert [m["type"] for m in messages] == ["Connected", "Error", "Metadata"]
         assert messages[1]["code"] == "idle_timeout"
         assert idle.close_code == 1011 and idle.close_reason.startswith("NET-0001")  # Deepgram's
+
+
+async def test_the_openai_sdk_lists_the_running_model(tmp_path):
+    async with running_server(tmp_path, api_key="s3cret") as server:
+        base = f"http://127.0.0.1:{server.port}/v1"
+        async with openai.AsyncOpenAI(base_url=base, api_key="s3cret", max_retries=0) as client:
+            models = [m async for m in client.models.list()]
+            assert [m.id for m in models] == [server.ctx.model_name] and models[0].object == "model"
+        async with openai.AsyncOpenAI(base_url=base, api_key="wrong", max_retries=0) as client:
+            with pytest.raises(openai.AuthenticationError):
+                await client.models.list()
 
 
 async def test_http_routes_health_metrics_static(tmp_path):
