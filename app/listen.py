@@ -218,7 +218,8 @@ class ListenSession(Session):
         from_finalize = output.flushed and self.finalize_pending
         if output.committed or from_finalize:
             end_ms = max(output.flushed_ms or 0, output.committed[-1].end_ms if output.committed else 0)
-            self.finalize_pending = self.finalize_pending and not from_finalize
+            if from_finalize:
+                self.finalize_pending = False
             await self._final(output.committed, end_ms, not output.tentative, from_finalize)
         text = text_of(output.tentative)
         if text != self.partial or (output.committed and text):

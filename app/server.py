@@ -37,7 +37,7 @@ from starlette.websockets import WebSocket
 from app.config import ServerConfig
 from app.connection import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, Connection
 from app.engine_loop import EngineLoop
-from app.listen import ListenSession, parse_listen_query
+from app.listen import ListenOptions, ListenSession, parse_listen_query
 from app.metrics import Metrics
 from app.realtime import OPENAI_RATE, RealtimeSession
 from app.session import ServerContext, Session, query_rate
@@ -63,6 +63,11 @@ class _DenialFilter(logging.Filter):
 
 
 logging.getLogger("uvicorn.error").addFilter(_DenialFilter())
+
+
+def _openai_error(status: HTTPStatus, code: str, message: str) -> JSONResponse:
+    body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+    return JSONResponse(body, status.value, headers={"Cache-Control": "no-store"})
 
 
 def _text(status: HTTPStatus, text: str) -> Response:
@@ -221,8 +226,7 @@ class Server:
     async def models(self, request: Request) -> Response:
         """OpenAI's model list: the one running model (behind the API key, as OpenAI's)."""
         if not self._authorized(request):
-            return JSONResponse({"error": {"type": "invalid_request_error", "code": "invalid_api_key",
-                                           "message": "missing or wrong API key"}}, HTTPStatus.UNAUTHORIZED)
+            return _openai_error(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
         model = {"id": self.ctx.model_name, "object": "model", "created": self.started_at,
                  "owned_by": "voxtide"}
         return JSONResponse({"object": "list", "data": [model]})
@@ -278,14 +282,15 @@ class Server:
                 return params
         status, code, message = refusal
         if protocol == "listen":  # Deepgram's error body
-            body: dict[str, Any] = {"err_code": code, "err_msg": message, "request_id": str(uuid.uuid4())}
-        else:  # OpenAI's
-            body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
-        await ws.send_denial_response(JSONResponse(body, status.value, headers={"Cache-Control": "no-store"}))
+            response = JSONResponse({"err_code": code, "err_msg": message, "request_id": str(uuid.uuid4())},
+                                    status.value, headers={"Cache-Control": "no-store"})
+        else:
+            response = _openai_error(status, code, message)
+        await ws.send_denial_response(response)
         return None
 
     async def listen(self, ws: WebSocket) -> None:
-        def check() -> dict[str, Any]:
+        def check() -> ListenOptions | dict[str, Any]:
             params = parse_listen_query(ws.url.query, self.ctx.multilingual)
             if isinstance(params, dict) and self._resumable(params["resume_token"]) is None:
                 raise LookupError("unknown or expired resume_token")
