@@ -25,6 +25,10 @@ class ServerConfig:
     # while most sessions are over it
     max_backlog_s: float = 120.0  # stop reading a session's socket while it is this far behind
     resume_grace_s: float = 30.0  # a dropped /v1/listen session waits this long for a resume
+    max_uploads: int = 4  # files transcribed over HTTP at once; more get 429
+    max_upload_bytes: int = 512 << 20  # larger uploads get 413
+    max_upload_s: float = 4 * 3600.0  # longer audio in an upload gets 400
+    metrics_auth: bool = False  # /metrics needs the API key too
     data_dir: Path = Path("voxtide-data")  # per-session JSONL transcripts
     fsync: bool = False  # fsync every transcript line (survives a machine crash)
     web_dir: Path = field(default=WEB_DIR)  # static files (allowlisted names only)
@@ -39,6 +43,8 @@ class ServerConfig:
         if not 0 < self.max_lag_s <= self.max_backlog_s:
             raise ValueError(f"need 0 < max_lag_s <= max_backlog_s, got {self.max_lag_s} and "
                              f"{self.max_backlog_s}")
+        if self.max_uploads < 0 or self.max_upload_bytes < 1024 or self.max_upload_s <= 0:
+            raise ValueError("need max_uploads >= 0, max_upload_bytes >= 1024 and max_upload_s > 0")
         if self.resume_grace_s < 0:
             raise ValueError(f"resume_grace_s must be >= 0, got {self.resume_grace_s}")
         self.data_dir = Path(self.data_dir)

@@ -53,9 +53,10 @@ class EngineLoop:
 
     # -------------------------------------------------------- called by session handlers
 
-    def open(self, request_id: str, sink: Sink) -> None:
+    def open(self, request_id: str, sink: Sink, background: bool = False) -> None:
+        """A live session, or with `background` a pre-recorded file (Engine.add_request)."""
         self.routes[request_id] = Route(sink)
-        self._queue("open", request_id)
+        self._queue("open_background" if background else "open", request_id)
 
     def add_audio(self, request_id: str, samples: np.ndarray) -> None:
         """(n,) float32 16 kHz samples."""
@@ -144,7 +145,7 @@ class EngineLoop:
         not for a batch of partials."""
         engine = self.engine
         running = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
-        has_final = any(w.final for w in step.scheduled.windows)
+        has_final = any(w.final for w in step.scheduled.windows)  # (a background final too)
         while True:
             if self.commands:
                 touched = self._apply_commands()
@@ -171,8 +172,8 @@ class EngineLoop:
         engine = self.engine
         for op, request_id, samples in commands:
             try:
-                if op == "open":
-                    engine.add_request(request_id)
+                if op in ("open", "open_background"):
+                    engine.add_request(request_id, background=op == "open_background")
                 elif op == "abort":
                     engine.abort(request_id)
                 elif not engine.has_request(request_id):

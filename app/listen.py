@@ -73,14 +73,14 @@ class ListenOptions:
     voxtide_events: bool = False
 
 
-def _flag(params: dict[str, str], name: str) -> bool:
+def flag(params: dict[str, str], name: str) -> bool:
     value = params.get(name, "false").lower()
     if value not in TRUE + FALSE:
         raise ValueError(f"{name} must be true or false, got {params[name]!r}")
     return value in TRUE
 
 
-def _int(params: dict[str, str], name: str, low: int, high: int) -> int | None:
+def int_param(params: dict[str, str], name: str, low: int, high: int) -> int | None:
     if name not in params:
         return None
     try:
@@ -98,25 +98,33 @@ def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions 
     params = dict(parse_qsl(query))
     if "resume_token" in params:
         return {"resume_token": params["resume_token"],
-                "last_seq": _int(params, "last_seq", 0, 1 << 62) or 0}
+                "last_seq": int_param(params, "last_seq", 0, 1 << 62) or 0}
     encoding = params.get("encoding", "linear16").lower()
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding {encoding!r} is not supported; use linear16, linear32, mulaw, "
                          "alaw or float32")
-    if _flag(params, "multichannel"):
+    if flag(params, "multichannel"):
         raise ValueError("multichannel=true is not supported; channels are mixed down to one")
     language = params.get("language", "en").lower()
     if not multilingual and language not in ("en", "en-us", "en-gb", "en-au", "en-in", "en-nz"):
         raise ValueError(f"language {language!r} is not supported by this English-only model; use en")
     if params.get("endpointing", "10").lower() not in FALSE:
-        _int(params, "endpointing", 0, 60_000)  # accepted; the server's endpoint_ms decides
+        int_param(params, "endpointing", 0, 60_000)  # accepted; the server's endpoint_ms decides
     return ListenOptions(
         rate=query_rate(params, 16000), encoding=ENCODINGS[encoding],
-        channels=_int(params, "channels", 1, MAX_CHANNELS) or 1,
-        interim_results=_flag(params, "interim_results"),
-        punctuate=_flag(params, "punctuate") or _flag(params, "smart_format"),
-        utterance_end_ms=_int(params, "utterance_end_ms", 1000, 60_000),
-        vad_events=_flag(params, "vad_events"), voxtide_events=_flag(params, "voxtide_events"))
+        channels=int_param(params, "channels", 1, MAX_CHANNELS) or 1,
+        interim_results=flag(params, "interim_results"),
+        punctuate=flag(params, "punctuate") or flag(params, "smart_format"),
+        utterance_end_ms=int_param(params, "utterance_end_ms", 1000, 60_000),
+        vad_events=flag(params, "vad_events"), voxtide_events=flag(params, "voxtide_events"))
+
+
+def deepgram_words(words: list[Word], punctuate: bool) -> list[dict[str, Any]]:
+    """Deepgram's words: lowercase without punctuation, and `punctuated_word` as decoded."""
+    return [{"word": w.key, "start": w.start_ms / 1000, "end": w.end_ms / 1000,
+             "confidence": round(w.probability or 0.0, 4),
+             **({"punctuated_word": w.text.strip()} if punctuate else {})}
+            for w in words if w.key]
 
 
 def model_metadata(model_name: str) -> dict[str, Any]:
@@ -263,10 +271,7 @@ class ListenSession(Session):
         alternative = {
             "transcript": text_of(words) if punctuate else " ".join(w.key for w in words if w.key),
             "confidence": round(sum(w.probability or 0.0 for w in words) / len(words), 4) if words else 0.0,
-            "words": [{"word": w.key, "start": w.start_ms / 1000, "end": w.end_ms / 1000,
-                       "confidence": round(w.probability or 0.0, 4),
-                       **({"punctuated_word": w.text.strip()} if punctuate else {})}
-                      for w in words if w.key]}
+            "words": deepgram_words(words, punctuate)}
         return {"type": "Results", "channel_index": [0, 1], "duration": (end - start) / 1000,
                 "start": start / 1000, "is_final": is_final, "speech_final": speech_final,
                 "from_finalize": from_finalize, "channel": {"alternatives": [alternative]},
@@ -286,7 +291,7 @@ class ListenSession(Session):
         return CLOSE_INTERNAL, f"NET-0001: no audio or message for {idle_s:g} s"
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
-        self.ctx.metrics.client_errors.inc(code=code)
+        self.ctx.metrics.client_errors.labels(code).inc()
         variant = extra.pop("variant", "ServerError" if code == "engine_error" else "ClientError")
         await self.send({"type": "Error", "variant": variant, "code": code, "description": message,
                          **extra})

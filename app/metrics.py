@@ -1,137 +1,87 @@
-"""Prometheus text-format metrics: counters, gauges and histograms, no client library.
+"""The server's Prometheus metrics, through prometheus-client.
 
-The server owns one `Metrics`; sessions and the engine loop update it on the event loop,
-and /metrics renders it (plus values read at render time, like per-session lag).
+The server owns one `Metrics` with a registry of its own (two servers in one process, as in
+the tests, do not mix); sessions and the engine loop update it on the event loop. Counters
+the engine keeps itself (cache lookups) are read at scrape time and exposed as counters;
+values of the moment (open sessions, the largest lag) are gauges. No label takes a
+per-session value: the number of series stays bounded.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)  # seconds
+LAG_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)  # seconds
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # items per encoder call
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-    return "{" + body + "}"
+class _CounterFunction(Collector):
+    """A counter whose value something else keeps (read when scraped)."""
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class Counter:
-    kind = "counter"
-
-    def __init__(self, name: str, help: str):
-        self.name, self.help = name, help
-        self.values: dict[tuple[tuple[str, str], ...], float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        self.values[key] = self.values.get(key, 0.0) + amount
-
-    def get(self, **labels: str) -> float:
-        return self.values.get(tuple(sorted(labels.items())), 0.0)
-
-    def samples(self) -> Iterable[str]:
-        for key, value in self.values.items():
-            yield f"{self.name}{_labels(dict(key))} {_number(value)}"
-
-
-class Gauge:
-    """A value read when /metrics renders: `fn` returns {labels tuple: value} or one float."""
-
-    kind = "gauge"
-
-    def __init__(self, name: str, help: str, fn: Callable[[], float | dict]):
+    def __init__(self, name: str, help: str, fn: Callable[[], float]):
         self.name, self.help, self.fn = name, help, fn
 
-    def samples(self) -> Iterable[str]:
-        value = self.fn()
-        items = value.items() if isinstance(value, dict) else [((), value)]
-        for key, v in items:
-            yield f"{self.name}{_labels(dict(key))} {_number(v)}"
-
-
-class Histogram:
-    kind = "histogram"
-
-    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS):
-        self.name, self.help = name, help
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # last: above the largest bucket
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def samples(self) -> Iterable[str]:
-        cumulative = 0
-        for bound, n in zip((*self.buckets, math.inf), self.counts, strict=True):
-            cumulative += n
-            yield f'{self.name}_bucket{{le="{_number(bound)}"}} {cumulative}'
-        yield f"{self.name}_sum {_number(self.sum)}"
-        yield f"{self.name}_count {self.count}"
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.help, value=self.fn())
 
 
 class Metrics:
     def __init__(self) -> None:
-        self.families: list[Counter | Gauge | Histogram] = []
-        self.sessions_total = self.counter("voxtide_sessions_total", "Sessions opened, by protocol")
-        self.sessions_rejected = self.counter("voxtide_sessions_rejected_total",
-                                              "Connections refused, by reason")
-        self.sessions_resumed = self.counter("voxtide_sessions_resumed_total",
-                                             "Sessions taken over by a new connection (resume token)")
-        self.rate_limited = self.counter("voxtide_rate_limited_total",
-                                         "rate_limited warnings sent (a session's backlog over max_lag)")
-        self.audio_seconds = self.counter("voxtide_audio_seconds_total", "Audio received (16 kHz s)")
-        self.client_errors = self.counter("voxtide_client_errors_total",
-                                          "Error events sent to clients, by code")
-        self.first_partial = self.histogram("voxtide_time_to_first_partial_seconds",
-                                            "First audio received -> first text sent, per session")
-        self.final_latency = self.histogram("voxtide_partial_to_final_seconds",
-                                            "A word first shown as partial -> committed as final")
-        self.step_time = self.histogram("voxtide_engine_step_seconds", "Engine step wall time")
-        self.encoder_batch = self.histogram("voxtide_encoder_batch_items",
-                                            "Audio items per batched encoder call", BATCH_BUCKETS)
-        self.steps = self.counter("voxtide_engine_steps_total", "Engine steps run")
-        self.fallbacks = self.counter("voxtide_decode_fallbacks_total",
-                                      "Windows re-decoded at a higher temperature (loops, low confidence)")
+        self.registry = r = CollectorRegistry()
+        self.sessions_total = Counter("voxtide_sessions", "Sessions opened, by protocol",
+                                      ["protocol"], registry=r)
+        self.sessions_rejected = Counter("voxtide_sessions_rejected", "Connections refused, by reason",
+                                         ["reason"], registry=r)
+        self.sessions_resumed = Counter("voxtide_sessions_resumed",
+                                        "Sessions taken over by a new connection (resume token)",
+                                        ["protocol"], registry=r)
+        self.rate_limited = Counter("voxtide_rate_limited",
+                                    "rate_limited warnings sent (a session's backlog over max_lag)",
+                                    ["protocol"], registry=r)
+        self.audio_seconds = Counter("voxtide_audio_seconds", "Audio received by sessions (s)",
+                                     registry=r)
+        self.uploads = Counter("voxtide_uploads", "Files transcribed over HTTP, by endpoint and outcome",
+                               ["endpoint", "outcome"], registry=r)
+        self.upload_audio_seconds = Counter("voxtide_upload_audio_seconds",
+                                            "Audio of files transcribed over HTTP (s)", registry=r)
+        self.client_errors = Counter("voxtide_client_errors", "Error events sent to clients, by code",
+                                     ["code"], registry=r)
+        self.first_partial = Histogram("voxtide_time_to_first_partial_seconds",
+                                       "First audio received -> first text sent, per session",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.final_latency = Histogram("voxtide_partial_to_final_seconds",
+                                       "A word first shown as partial -> committed as final",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.session_lag = Histogram("voxtide_session_lag_seconds",
+                                     "A session's audio received - audio committed, at each final",
+                                     buckets=LAG_BUCKETS, registry=r)
+        self.step_time = Histogram("voxtide_engine_step_seconds", "Engine step wall time",
+                                   buckets=LATENCY_BUCKETS, registry=r)
+        self.encoder_batch = Histogram("voxtide_encoder_batch_items",
+                                       "Audio items per batched encoder call", buckets=BATCH_BUCKETS,
+                                       registry=r)
+        self.steps = Counter("voxtide_engine_steps", "Engine steps run", registry=r)
+        self.fallbacks = Counter("voxtide_decode_fallbacks",
+                                 "Windows re-decoded at a higher temperature (loops, low confidence)",
+                                 registry=r)
 
-    def counter(self, name: str, help: str) -> Counter:
-        metric = Counter(name, help)
-        self.families.append(metric)
-        return metric
+    def gauge(self, name: str, help: str, fn: Callable[[], float]) -> None:
+        """A value of the moment, read when scraped."""
+        Gauge(name, help, registry=self.registry).set_function(fn)
 
-    def histogram(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Histogram:
-        metric = Histogram(name, help, buckets)
-        self.families.append(metric)
-        return metric
+    def counter_function(self, name: str, help: str, fn: Callable[[], float]) -> None:
+        """A count kept elsewhere (it only grows), read when scraped."""
+        self.registry.register(_CounterFunction(name, help, fn))
 
-    def gauge(self, name: str, help: str, fn: Callable[[], float | dict]) -> Gauge:
-        metric = Gauge(name, help, fn)
-        self.families.append(metric)
-        return metric
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's current value (0 if it has none yet), e.g. value("voxtide_steps_total")."""
+        return self.registry.get_sample_value(name, labels) or 0.0
 
-    def render(self) -> str:
-        lines = []
-        for metric in self.families:
-            lines.append(f"# HELP {metric.name} {metric.help}")
-            lines.append(f"# TYPE {metric.name} {metric.kind}")
-            lines.extend(metric.samples())
-        return "\n".join(lines) + "\n"
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -80,7 +80,7 @@ class RealtimeSession(Session):
         await self.send(self._event(kind, **fields))
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
-        self.ctx.metrics.client_errors.inc(code=code)
+        self.ctx.metrics.client_errors.labels(code).inc()
         server_side = code in ("engine_error", "rate_limited", "internal_error")
         error = {"type": "server_error" if server_side else "invalid_request_error",
                  "code": code, "message": message, "param": extra.get("param"),

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 from websockets.asyncio.client import connect
 
-from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio
+from audio.container import load_audio
+from audio.io import SAMPLE_RATE, float_to_pcm16
 
 END_SLACK_MS = 500  # a final's last word may end this much after its utterance's known end
 # what Voxtide's own clients ask of /v1/listen beyond Deepgram's defaults

@@ -1,7 +1,9 @@
 """The server: routes, limits, and the engine loop, on one port (uvicorn + Starlette).
 
-HTTP: GET /healthz, GET /metrics (Prometheus text), GET /v1/models (OpenAI's list, behind
-the API key), and the allowlisted files of web/.
+HTTP: GET /healthz, GET /metrics (Prometheus text; behind the API key with `metrics_auth`),
+GET /v1/models (OpenAI's list), POST /v1/audio/transcriptions (OpenAI's) and POST
+/v1/listen (Deepgram's pre-recorded), the last three behind the API key; and the
+allowlisted files of web/.
 Websocket: /v1/listen and /v1/realtime, behind the optional API key, given as
 `Authorization: Bearer <key>` or `Token <key>`, `?api_key=<key>`, or by browsers (which
 cannot set headers) as a subprotocol: Deepgram's ["token", <key>] or OpenAI's
@@ -38,7 +40,10 @@ from app.config import ServerConfig
 from app.connection import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, Connection
 from app.engine_loop import EngineLoop
 from app.listen import ListenOptions, ListenSession, parse_listen_query
+from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.metrics import Metrics
+from app.openai_audio import openai_error, transcriptions
+from app.prerecorded import deepgram_error, listen_file
 from app.realtime import OPENAI_RATE, RealtimeSession
 from app.session import ServerContext, Session, query_rate
 from app.store import TranscriptStore
@@ -63,11 +68,6 @@ class _DenialFilter(logging.Filter):
 
 
 logging.getLogger("uvicorn.error").addFilter(_DenialFilter())
-
-
-def _openai_error(status: HTTPStatus, code: str, message: str) -> JSONResponse:
-    body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
-    return JSONResponse(body, status.value, headers={"Cache-Control": "no-store"})
 
 
 def _text(status: HTTPStatus, text: str) -> Response:
@@ -116,25 +116,25 @@ class Server:
     def _add_gauges(self) -> None:
         m, engine = self.metrics, self.engine
         m.gauge("voxtide_sessions_active", "Open websocket sessions", lambda: len(self.sessions))
-        m.gauge("voxtide_engine_requests", "Requests in the engine (open or draining)",
+        m.gauge("voxtide_engine_requests", "Requests in the engine (sessions, draining sessions, files)",
                 lambda: engine.num_requests)
-        m.gauge("voxtide_session_lag_seconds", "Audio received - audio committed, per session",
-                lambda: {(("session", s.id),): self._lag(s) for s in self.sessions.values()})
-        m.gauge("voxtide_session_lag_max_seconds", "The largest session lag",
+        m.gauge("voxtide_session_lag_max_seconds", "The largest session lag now",
                 lambda: max((self._lag(s) for s in self.sessions.values()), default=0.0))
         m.gauge("voxtide_session_backlog_max_seconds",
-                "The largest backlog: audio received but not yet decoded", self.loop.max_backlog_s)
+                "The largest backlog now: audio received but not yet decoded", self.loop.max_backlog_s)
         m.gauge("voxtide_sessions_awaiting_resume", "Dropped sessions waiting for a resume",
                 lambda: sum(not s.connected and not s.finishing for s in self.ctx.resumable.values()))
         cache = engine.scheduler.encoder_cache
-        m.gauge("voxtide_encoder_cache_queries", "Encoder cache lookups", lambda: cache.num_queries)
-        m.gauge("voxtide_encoder_cache_hits", "Encoder cache lookups that hit", lambda: cache.num_hits)
+        m.counter_function("voxtide_encoder_cache_queries", "Encoder cache lookups",
+                           lambda: cache.num_queries)
+        m.counter_function("voxtide_encoder_cache_hits", "Encoder cache lookups that hit",
+                           lambda: cache.num_hits)
         m.gauge("voxtide_encoder_cache_entries", "Item hashes in the encoder cache",
                 lambda: len(cache.cached))
-        m.gauge("voxtide_processor_cache_queries", "Processor cache lookups",
-                lambda: engine.processor_counts[0])
-        m.gauge("voxtide_processor_cache_hits", "Processor cache lookups that hit",
-                lambda: engine.processor_counts[1])
+        m.counter_function("voxtide_processor_cache_queries", "Processor cache lookups",
+                           lambda: engine.processor_counts[0])
+        m.counter_function("voxtide_processor_cache_hits", "Processor cache lookups that hit",
+                           lambda: engine.processor_counts[1])
 
     def _lag(self, session: Session) -> float:
         return max(0, session.fed_ms - self.engine.committed_ms(session.id)) / 1000
@@ -146,6 +146,8 @@ class Server:
             Route("/healthz", self.healthz),
             Route("/metrics", self.metrics_page),
             Route("/v1/models", self.models),
+            Route("/v1/audio/transcriptions", self.transcriptions, methods=["POST"]),
+            Route("/v1/listen", self.listen_file, methods=["POST"]),
             WebSocketRoute("/v1/listen", self.listen),
             WebSocketRoute("/v1/realtime", self.realtime),
         ]
@@ -220,16 +222,31 @@ class Server:
                         headers={"Cache-Control": "no-store"})
 
     async def metrics_page(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8",
+        if self.config.metrics_auth and not self._authorized(request):
+            return _text(HTTPStatus.UNAUTHORIZED, "missing or wrong API key\n")
+        return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE,
                         headers={"Cache-Control": "no-store"})
 
     async def models(self, request: Request) -> Response:
         """OpenAI's model list: the one running model (behind the API key, as OpenAI's)."""
         if not self._authorized(request):
-            return _openai_error(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
+            return openai_error(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
         model = {"id": self.ctx.model_name, "object": "model", "created": self.started_at,
                  "owned_by": "voxtide"}
         return JSONResponse({"object": "list", "data": [model]})
+
+    async def transcriptions(self, request: Request) -> Response:
+        """OpenAI's POST /v1/audio/transcriptions (app/openai_audio.py)."""
+        if not self._authorized(request):
+            return openai_error(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
+        return await transcriptions(self.ctx, request)
+
+    async def listen_file(self, request: Request) -> Response:
+        """Deepgram's pre-recorded POST /v1/listen (app/prerecorded.py)."""
+        if not self._authorized(request):
+            return deepgram_error(HTTPStatus.UNAUTHORIZED, "missing or wrong API key",
+                                  str(uuid.uuid4()))
+        return await listen_file(self.ctx, request)
 
     async def static(self, request: Request) -> Response:
         name = STATIC_FILES[request.url.path]
@@ -285,7 +302,7 @@ class Server:
             response = JSONResponse({"err_code": code, "err_msg": message, "request_id": str(uuid.uuid4())},
                                     status.value, headers={"Cache-Control": "no-store"})
         else:
-            response = _openai_error(status, code, message)
+            response = openai_error(status, code, message)
         await ws.send_denial_response(response)
         return None
 
@@ -318,7 +335,7 @@ class Server:
         refusal = self._refusal()
         if refusal is None:
             return True
-        self.metrics.sessions_rejected.inc(reason=refusal[0])
+        self.metrics.sessions_rejected.labels(refusal[0]).inc()
         await conn.close(CLOSE_TRY_AGAIN_LATER, f"{refusal[1]}; try again later")
         return False
 

@@ -53,6 +53,7 @@ class ServerContext:
     model_name: str
     multilingual: bool  # the model transcribes languages other than English
     resumable: dict[str, Session] = field(default_factory=dict)  # resume token -> session
+    uploads: int = 0  # files being transcribed over HTTP (app/upload.py)
 
 
 def new_id(prefix: str) -> str:
@@ -112,7 +113,7 @@ class Session:
     async def run(self) -> None:
         """Serve the first connection; return when the session ended or a resume took over."""
         self.ctx.loop.open(self.id, self.outputs.put_nowait)
-        self.ctx.metrics.sessions_total.inc(protocol=self.protocol)
+        self.ctx.metrics.sessions_total.labels(self.protocol).inc()
         self.writer = asyncio.create_task(self._write_loop(), name=f"writer-{self.id}")
         try:
             await self.on_open()
@@ -126,7 +127,7 @@ class Session:
         old, self.ws, self.connected = self.ws, ws, False
         if old is not ws:
             old.abort()  # a half-open old connection: its reader ends now
-        self.ctx.metrics.sessions_resumed.inc(protocol=self.protocol)
+        self.ctx.metrics.sessions_resumed.labels(self.protocol).inc()
         async with self.output_lock:  # nothing else is sent until the resume is told
             self.connected = True
             await self.on_resume(last_seq)
@@ -218,7 +219,7 @@ class Session:
         now = time.monotonic()
         if backlog > config.max_lag_s and now - self.warned_at >= WARN_INTERVAL_S:
             self.warned_at = now
-            self.ctx.metrics.rate_limited.inc(protocol=self.protocol)
+            self.ctx.metrics.rate_limited.labels(self.protocol).inc()
             await self.send_warning(
                 "rate_limited", f"the server is {backlog:.1f} s behind this session's audio; "
                 f"results are delayed (reading pauses beyond {config.max_backlog_s:g} s)",
@@ -289,8 +290,12 @@ class Session:
             self.connected = False
 
     def _observe(self, output: EngineOutput) -> None:
-        """Time to first text, and partial -> final latency of each committed word."""
+        """Time to first text, partial -> final latency of each committed word, and the lag
+        at each final."""
         metrics, now = self.ctx.metrics, time.monotonic()
+        if output.committed:
+            committed_ms = output.committed[-1].end_ms
+            metrics.session_lag.observe(max(0, self.fed_ms - committed_ms) / 1000)
         if not self.sent_text and (output.committed or output.tentative) and self.first_audio_at:
             metrics.first_partial.observe(now - self.first_audio_at)
             self.sent_text = True

@@ -1,12 +1,10 @@
-"""Decoding audio files and PCM byte frames into 16 kHz mono float32 tensors."""
+"""PCM byte frames into float32 tensors, and resampling to Whisper's 16 kHz."""
 
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
-import soundfile
 import torch
 import torchaudio.functional as AF
 
@@ -37,21 +35,6 @@ G711 = {law: _g711_table(law) for law in ("mulaw", "alaw")}
 
 class AudioError(ValueError):
     """Input audio that cannot be decoded; the message says what to fix."""
-
-
-def load_audio(path: str | Path) -> torch.Tensor:
-    """Read any soundfile-supported file (wav/flac/ogg...) -> (samples,) float32 at 16 kHz mono."""
-    path = Path(path)
-    if not path.is_file():
-        raise AudioError(f"{path}: no such file")
-    try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (n, channels)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
-        raise AudioError(f"{path}: cannot decode audio ({e}); use wav, flac or ogg") from e
-    if data.shape[0] == 0:
-        raise AudioError(f"{path}: the file holds no audio samples")
-    mono = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0])
-    return resample(mono, rate)
 
 
 def resample(audio: torch.Tensor, rate: int) -> torch.Tensor:

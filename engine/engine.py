@@ -77,11 +77,14 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def add_request(self, request_id: str) -> None:
+    def add_request(self, request_id: str, background: bool = False) -> None:
+        """A new session; `background` for a pre-recorded file, which live sessions never
+        wait behind (see Scheduler.schedule)."""
         if request_id in self.streams:
             raise ValueError(f"request {request_id!r} already exists")
         stream = Stream(request_id, self.config, self._hash_key, self.bundle.tokenizer.timestamp_begin,
                         self.bundle.model.dims.n_mels)
+        stream.request.background = background
         self.streams[request_id] = stream
         self.scheduler.add_request(stream.request)
 

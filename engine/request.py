@@ -93,6 +93,8 @@ class Request:
     # while a final is due: its place in line among the finals of all sessions (the scheduler
     # numbers them in the order it first sees them due); None: no final waiting
     due_number: int | None = None
+    # a pre-recorded file, not a live session: decoded with what live sessions leave over
+    background: bool = False
     error: str | None = None
 
     @property

@@ -106,11 +106,12 @@ class Scheduler:
             request.due_number = self.num_due
 
     @staticmethod
-    def _order(request: Request) -> tuple[bool, int, int]:
-        """Sort key: finals first, in the order they fell due; partials round-robin. (Finals
-        in round-robin order would let a session just decoded wait behind finals that fell
-        due after its own, for seconds.)"""
-        return request.due_number is None, request.due_number or 0, request.queue_number
+    def _order(request: Request) -> tuple[bool, bool, int, int]:
+        """Sort key: live sessions before background files; finals first, in the order they
+        fell due; partials round-robin. (Finals in round-robin order would let a session just
+        decoded wait behind finals that fell due after its own, for seconds.)"""
+        return (request.background, request.due_number is None, request.due_number or 0,
+                request.queue_number)
 
     @staticmethod
     def final_due(request: Request) -> bool:
@@ -119,7 +120,10 @@ class Scheduler:
 
     def schedule(self, requests: Iterable[Request]) -> SchedulerOutput:
         """Pick this step's windows among `requests` (the engine's sessions): final windows
-        first (they are what a client waits for), oldest first, then partials round-robin."""
+        first (they are what a client waits for), oldest first, then partials round-robin,
+        then background files. A background window is optional work like a partial: it
+        counts against max_partials and never joins a step with a live final, so a live
+        final never waits for a file's decode."""
         windows: list[ScheduledWindow] = []
         encoder_inputs: dict[str, list[int]] = {}
         budget = self.config.encoder_budget
@@ -135,10 +139,11 @@ class Scheduler:
             if not self.is_ready(request):
                 continue
             partial = not self.final_due(request)
-            if partial and (num_partials >= self.config.max_partials or (
+            optional = partial or request.background
+            if optional and (num_partials >= self.config.max_partials or (
                     self.config.finals_alone and num_finals)):
-                break  # finals come first in `order`: only partials are left
-            if not partial and num_finals >= max_finals:
+                break  # live finals come first in `order`: only optional work is left
+            if not optional and num_finals >= max_finals:
                 continue  # the next step's (its final stays due, and first in order)
             window = self._window(request, partial)
             new = range(max(request.num_encoded_items, window.item_lo), window.item_hi)
@@ -150,8 +155,8 @@ class Scheduler:
             encoder_inputs[request.request_id] = list(new)
             request.num_encoded_items = window.item_hi
             windows.append(window)
-            num_partials += partial
-            num_finals += not partial
+            num_partials += optional
+            num_finals += not optional
             if not partial:
                 request.due_number = None  # a next final (a pause behind this one) queues anew
             request.num_decoded_positions = window.window_end

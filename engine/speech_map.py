@@ -50,6 +50,15 @@ class SpeechMap:
         n = bisect.bisect_left(self.ends, ms)
         del self.starts[:n], self.ends[:n]
 
+    def speech_ms(self, start_ms: int, end_ms: int) -> int:
+        """How much of [start_ms, end_ms) the VAD heard as speech."""
+        k = bisect.bisect_right(self.ends, start_ms)  # the first run ending after start_ms
+        total = 0
+        while k < len(self.starts) and self.starts[k] < end_ms:
+            total += min(self.ends[k], end_ms) - max(self.starts[k], start_ms)
+            k += 1
+        return total
+
     def fit(self, words: list[Word], drop: bool = True) -> list[Word]:
         """Words with their edges moved into speech: a start in silence to the next run's
         start, an end in silence to the last run's end. A word with no speech within

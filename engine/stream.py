@@ -278,11 +278,15 @@ class Stream:
         plan = commit.plan(facts, ms_to_positions(self.config.decode_interval_ms),
                            self.config.agree_after)
         update = self._commit(plan, self.speech.fit(result.words))
-        cut = commit.new_window_start(facts, plan.action, ms_to_positions(policy.committed_end_ms))
+        end_ms = policy.committed_end_ms
+        final = plan.action is commit.Action.FINAL
+        missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0  # speech unheard
+        cut = commit.new_window_start(facts, plan.action, ms_to_positions(end_ms), missed)
         if cut is not None:
             self._cut(cut)
+        retry = final and cut is not None and cut < facts.end
         flushed_ms, done = None, False
-        if plan.action is commit.Action.FINAL:
+        if final and not retry:  # (a retry's final stays due)
             self._after_final(facts.end)
             if facts.flushed:
                 flushed_ms = self.padding.audio_ms(positions_to_ms(facts.end))

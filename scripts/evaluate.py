@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.replay import percentile, result_end_ms, result_words, utterance_end_ms, with_client_query  # noqa: E402
-from audio.io import SAMPLE_RATE, float_to_pcm16, load_audio  # noqa: E402
+from audio.container import load_audio  # noqa: E402
+from audio.io import SAMPLE_RATE, float_to_pcm16  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402

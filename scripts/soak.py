@@ -78,7 +78,12 @@ async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int
                     pad_seconds: int | None, chunk_ms: int) -> dict:
     engine = server.engine
     rows: list[dict] = []
-    steps = server.metrics.step_time
+    metrics = server.metrics
+
+    def steps() -> tuple[float, float, float]:  # step seconds summed, steps, fallbacks
+        return (metrics.value("voxtide_engine_step_seconds_sum"),
+                metrics.value("voxtide_engine_step_seconds_count"),
+                metrics.value("voxtide_decode_fallbacks_total"))
 
     async def sample() -> None:
         last_sum, last_count, last_fallbacks, started = 0.0, 0, 0.0, time.monotonic()
@@ -91,19 +96,20 @@ async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int
             minute = request.num_decoded_positions // (50 * 60)
             if minute <= len(rows):
                 continue
-            count = steps.count - last_count
+            step_sum, step_count, fallbacks = steps()
+            count = step_count - last_count
             rows.append({
                 "audio_min": minute, "wall_s": round(time.monotonic() - started, 1),
-                "steps": count,
-                "fallbacks": int(server.metrics.fallbacks.get() - last_fallbacks),
-                "step_ms": round(1000 * (steps.sum - last_sum) / count, 1) if count else None,
+                "steps": int(count),
+                "fallbacks": int(fallbacks - last_fallbacks),
+                "step_ms": round(1000 * (step_sum - last_sum) / count, 1) if count else None,
                 "rss_mb": round(rss_mb(), 1),
                 "items": len(request.mm_features),
                 "live_items": request.num_encoded_items - request.num_freed_items,
                 "cache_entries": len(engine.scheduler.encoder_cache.cached),
                 "runner_tensors": len(engine.runner.encoder_cache),
             })
-            last_sum, last_count, last_fallbacks = steps.sum, steps.count, server.metrics.fallbacks.get()
+            last_sum, last_count, last_fallbacks = step_sum, step_count, fallbacks
             r = rows[-1]
             print(f"min {minute:4d}  wall {r['wall_s']:7.1f} s  step {r['step_ms']} ms  "
                   f"fallbacks {r['fallbacks']}  "

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from functools import lru_cache
 from pathlib import Path
 
+import av
+import numpy as np
 import torch
+import torchaudio.functional as AF
 
 from audio import load_audio
 
@@ -92,3 +96,21 @@ def fail_decodes(monkeypatch, runner, request_ids: set[str]) -> None:
         return window_result(window, decoded, starts)
 
     monkeypatch.setattr(runner, "_window_result", failing)
+
+
+def encode(samples: torch.Tensor | np.ndarray, fmt: str, codec: str, rate: int = 16000,
+           channels: int = 1) -> bytes:
+    """16 kHz float samples -> a file of that container and codec (PyAV), at `rate`, the same
+    signal in every channel."""
+    x = torch.as_tensor(samples, dtype=torch.float32)
+    if rate != 16000:
+        x = AF.resample(x, 16000, rate)
+    planes = np.tile(x.numpy()[None], (channels, 1)).astype(np.float32)
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=rate, layout="mono" if channels == 1 else f"{channels}c")
+        frame = av.AudioFrame.from_ndarray(planes, format="fltp", layout=stream.layout.name)
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    return buffer.getvalue()

@@ -1,14 +1,17 @@
+import io
+
 import numpy as np
 import pytest
 import soundfile
 import torch
 
 from audio import AudioError, load_audio, pcm_to_float, resample
+from audio.container import RawFormat, decode, iter_decode, probe
 from audio.frames import CONTEXT_AFTER, ITEM_SAMPLES, AudioFramer
 from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
 from audio.stream import StreamResampler
 from audio.vad import SpeechDetector, TurnDetector, detect
-from tests.helpers import audio, librivox_path
+from tests.helpers import audio, encode, librivox_path
 
 
 def test_mel_filters_match_openai_whisper():
@@ -54,7 +57,7 @@ def test_bad_files_give_clear_errors(tmp_path):
         load_audio(tmp_path / "missing.wav")
     junk = tmp_path / "junk.wav"
     junk.write_bytes(b"RIFF\x00\x00garbage" * 10)
-    with pytest.raises(AudioError, match="cannot decode"):
+    with pytest.raises(AudioError, match="cannot read this audio"):
         load_audio(junk)
     empty = tmp_path / "empty.wav"
     soundfile.write(empty, np.zeros((0, 1), dtype=np.float32), 16000)
@@ -224,3 +227,35 @@ def test_the_log_mel_floor_follows_the_loudest_bin_of_the_session():
             bounded = torch.tensor(floors) > LOWEST_LOG_FLOOR  # room noise before the speech: not
     assert (kept[0][bounded] == kept[-20][bounded]).float().mean().item() > 0.999
     assert clipped_by_fixed_floor > kept[-20].logical_not().float().mean().item() + 0.2
+
+
+@pytest.mark.parametrize("fmt, codec, rate, channels", [
+    ("flac", "flac", 16000, 1), ("ogg", "libopus", 48000, 2), ("webm", "libopus", 48000, 1),
+    ("mp3", "libmp3lame", 44100, 2), ("mp4", "aac", 22050, 1), ("wav", "pcm_s16le", 8000, 1)])
+def test_containers_decode_to_the_same_tone(fmt, codec, rate, channels, tmp_path):
+    """Any container ffmpeg reads: the length (within a codec frame: AAC's priming is kept
+    where the file has no edit list) and the pitch survive; channels are averaged; a path and
+    a file object decode alike."""
+    tone = 0.5 * torch.sin(2 * np.pi * 440 * torch.arange(32000) / 16000)  # 2 s at 16 kHz
+    data = encode(tone, fmt, codec, rate, channels)
+    path = tmp_path / f"tone.{fmt}"
+    path.write_bytes(data)
+    out = load_audio(path)
+    assert abs(out.shape[0] - 32000) <= 0.1 * 16000, out.shape
+    assert abs(int(torch.fft.rfft(out[4000:20000]).abs().argmax()) - 440) <= 2
+    samples, got_rate = decode(io.BytesIO(data))
+    assert got_rate == rate and torch.equal(resample(torch.from_numpy(samples), rate), out)
+
+
+def test_headerless_pcm_limits_and_junk():
+    tone = (8000 * np.sin(np.arange(16000) / 5)).astype("<i2")
+    stereo = np.stack([tone, tone], axis=1).tobytes()
+    samples, rate = decode(io.BytesIO(stereo), raw=RawFormat("pcm16", 8000, channels=2))
+    assert rate == 8000 and np.allclose(samples, tone / 32768, atol=1e-6)
+    with pytest.raises(AudioError, match="longer than the limit of 1 s"):
+        decode(io.BytesIO(stereo), max_seconds=1.0, raw=RawFormat("pcm16", 8000, channels=2))
+    pieces = iter_decode(io.BytesIO(tone.tobytes()), raw=RawFormat("pcm16", 16000))
+    assert next(pieces)[0].size < tone.size  # lazily, a piece at a time
+    for junk in (b"", b"\x00" * 3000, b"RIFF" + b"\xff" * 500):
+        with pytest.raises(AudioError):
+            probe(io.BytesIO(junk))

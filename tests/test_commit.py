@@ -1,9 +1,11 @@
 """The commit rules, without a model: window facts -> what to commit, where the window starts."""
 
+import numpy as np
 import pytest
 
 from engine.commit import (
     FORCE_KEEP_POSITIONS,
+    RETRY_SPEECH_MS,
     TRIM_AFTER_POSITIONS,
     Action,
     WindowFacts,
@@ -11,6 +13,7 @@ from engine.commit import (
     new_window_start,
     plan,
 )
+from engine.speech_map import SpeechMap
 
 INTERVAL = 50  # a 1 s decode interval, in positions
 
@@ -49,6 +52,25 @@ def test_a_final_is_cut_at_its_end_when_flushed_or_long_else_kept_as_context():
     assert new_window_start(facts(end=300, final=True, flushed=True), Action.FINAL, 300) == 300
     long = facts(end=TRIM_AFTER_POSITIONS + 1, final=True)
     assert new_window_start(long, Action.FINAL, 0) == TRIM_AFTER_POSITIONS + 1
+
+
+def test_a_final_that_stopped_short_of_speech_is_decoded_again_from_its_committed_end():
+    window = facts(start=0, end=1276, final=True, flushed=True)  # 25.5 s, the first 14 s committed
+    assert new_window_start(window, Action.FINAL, 707, speech_after_ms=RETRY_SPEECH_MS) == 707
+    assert new_window_start(window, Action.FINAL, 707, speech_after_ms=RETRY_SPEECH_MS - 1) == 1276
+    # the retry, from the committed end: if it stops short again it is cut (no second retry)
+    retry = facts(start=704, end=1276, final=True, flushed=True)
+    assert new_window_start(retry, Action.FINAL, 707, speech_after_ms=5000) == 1276
+    # a retry that committed a second or more is retried in turn, from further on
+    assert new_window_start(retry, Action.FINAL, 704 + 50, speech_after_ms=5000) == 754
+
+
+def test_speech_map_measures_the_speech_in_a_span():
+    speech = SpeechMap(0.5)
+    speech.push(np.array([0, 1, 1, 0, 0, 1, 0], dtype=np.float32))  # 32 ms chunks
+    assert speech.speech_ms(0, 1000) == 96
+    assert speech.speech_ms(40, 170) == (96 - 40) + (170 - 160)
+    assert speech.speech_ms(100, 160) == 0
 
 
 def test_a_partial_over_15_s_is_cut_at_its_committed_end():

@@ -17,6 +17,7 @@ from engine.engine import Engine
 from engine.model.transcribe import transcribe
 from engine.model.whisper import ModelDimensions, Whisper
 from engine.model_runner import ModelRunner
+from scripts.corpus import align
 from scripts.wer import normalize, word_errors
 from tests.helpers import (
     ARCTIC_IDS,
@@ -622,3 +623,34 @@ def test_where_speech_is_does_not_depend_on_how_the_audio_arrives():
         common = trace.keys() & other.keys()
         assert len(common) > len(trace) // 3
         assert {k: trace[k] for k in common} == {k: other[k] for k in common}
+
+
+def longest_missing_run(reference: str, text: str) -> int:
+    """The most consecutive reference words the text lacks (a dropped passage)."""
+    _, matches = align(normalize(reference), normalize(text))
+    longest = run = 0
+    for match in matches:
+        run = run + 1 if match is None else 0
+        longest = max(longest, run)
+    return longest
+
+
+def test_audio_pushed_far_ahead_loses_no_passage():
+    """A session whose audio all arrives at once (a file, a replay) is decoded final window by
+    final window, each reaching back to the utterance kept as context. Whisper, given that
+    utterance again, may end its text there: the final is then decoded again from its
+    committed end, and every passage is kept (it used to drop one of these 11 s)."""
+    first, second = (audio(librivox_path(c)) for c in ("0930", "0890"))
+    text = transcripts()
+    one = torch.cat([first, torch.zeros(40000), second])
+    reference = " ".join([text[librivox_path("0930")] + " " + text[librivox_path("0890")]] * 4)
+    engine = Engine(bundle())
+    engine.add_request("s")
+    engine.add_audio("s", torch.cat([one] * 4).numpy())
+    engine.finish("s")
+    words = []
+    while engine.has_request("s"):
+        words += [w for out in engine.step() for w in out.committed]
+    hypothesis = "".join(w.text for w in words)
+    errors, n = word_errors(reference, hypothesis)
+    assert longest_missing_run(reference, hypothesis) <= 3 and errors / n <= 0.15, hypothesis

@@ -1,6 +1,7 @@
 """Torch-free engine core: windows, encoder-cache bookkeeping, scheduler, placeholders."""
 
 import random
+from collections import deque
 from functools import partial
 
 from engine.encoder_cache import EncoderCacheManager
@@ -391,6 +392,35 @@ def test_partials_per_step_are_limited_but_finals_are_not():
     add_items(requests[0], 2)
     requests[2].endpoints.append(40)
     assert step() == [("c", True), ("d", True), ("a", False)]  # finals and one partial
+
+
+def test_a_background_file_never_joins_a_step_with_a_live_final():
+    scheduler = Scheduling(SchedulerConfig(max_partials=2, decode_interval=4))
+    file, live, other = make_request("file", 30), make_request("live", 10), make_request("other", 10)
+    file.background, file.endpoints = True, deque([40, 80])  # a backlog of finals, due first
+    for request in (file, live, other):
+        scheduler.add_request(request)
+    live.endpoints.append(20)
+
+    step = partial(schedule_in_flight, scheduler)
+
+    assert step() == [("live", True)]  # the file's finals fell due first, yet wait
+    assert step() == [("other", False), ("file", True)]  # optional work: a partial and the file
+    for request in (file, other):
+        fill_placeholders(request.output_token_ids, [0])
+    scheduler.advance_window(file, 40)
+    other.endpoints.append(40)
+    assert step() == [("other", True)]  # the file's next final waits again
+    fill_placeholders(live.output_token_ids, [0])
+    scheduler.advance_window(live, 20)
+    add_items(live, 2)
+    assert step() == [("live", False), ("file", True)]
+    scheduler.config.max_partials = 1
+    fill_placeholders(live.output_token_ids, [0])
+    fill_placeholders(file.output_token_ids, [0])
+    add_items(live, 2)
+    assert step() == [("live", False)]  # the file counts against max_partials, last
+    assert step() == [("file", True)]  # and runs alone when nothing live is ready
 
 
 def words(text: str, start_ms: int = 0, step_ms: int = 300) -> list[Word]:

@@ -73,7 +73,7 @@ async def test_resume_continues_the_transcript_without_gap_or_duplicate(tmp_path
             await reader
         assert ws2.close_code == 1000
         stored = server.store.read(hello["session_id"])
-        assert server.metrics.sessions_resumed.get(protocol="listen") == 1
+        assert server.metrics.value("voxtide_sessions_resumed_total", protocol="listen") == 1
 
     got = finals(first) + finals(second)
     seqs = [m["seq"] for m in got]
@@ -132,7 +132,7 @@ async def test_overload_warns_pushes_back_and_refuses_new_sessions(tmp_path):
                 drained = max(backlogs) > 0 and backlogs[-1] == 0
             await ws.send(json.dumps({"type": "CloseStream"}))
             await reader
-        rejected = server.metrics.sessions_rejected.get(reason="overloaded")
+        rejected = server.metrics.value("voxtide_sessions_rejected_total", reason="overloaded")
     warnings = [m for m in messages if m["type"] == "Warning"]
     assert warnings and all(m["code"] == "rate_limited" and m["backlog_ms"] > 1000 for m in warnings)
     # reading paused at 3 s of backlog: never more than that plus the message in hand

@@ -17,6 +17,7 @@ import numpy as np
 import openai
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -342,23 +343,26 @@ async def test_http_routes_health_metrics_static(tmp_path):
         assert json.loads(body)["model"] == "whisper-tiny.en"
         status, kind, body = await http_get(server, "/metrics")
         assert status == 200 and kind.startswith("text/plain")
-        values = {}
-        for line in body.decode().splitlines():
-            if line.startswith("#"):
-                assert re.match(r"# (HELP|TYPE) voxtide_\w+ ", line), line
-                continue
-            m = re.fullmatch(r'(voxtide_\w+)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (\S+)', line)
-            assert m, line
-            values[m.group(1) + (m.group(2) or "")] = float(m.group(4))
+        families = list(text_string_to_metric_families(body.decode()))  # Prometheus' own parser
+        kinds = {f.name: f.type for f in families}
+        values = {s.name + "".join(f'{{{k}="{v}"}}' for k, v in sorted(s.labels.items())): s.value
+                  for f in families for s in f.samples}
+        assert all(name.startswith("voxtide_") for name in kinds)
+        assert not any("session" in s.labels for f in families for s in f.samples)  # bounded series
+        for name in ("voxtide_encoder_cache_queries", "voxtide_processor_cache_hits", "voxtide_sessions",
+                     "voxtide_engine_steps"):
+            assert kinds[name] == "counter", name
+        assert kinds["voxtide_session_lag_seconds"] == "histogram"
         assert values['voxtide_sessions_total{protocol="listen"}'] == 1
         assert abs(values["voxtide_audio_seconds_total"] - len(samples) / 16000) < 0.01
         assert values["voxtide_engine_steps_total"] >= 1
         assert values["voxtide_engine_step_seconds_count"] == values["voxtide_engine_steps_total"]
         assert values["voxtide_time_to_first_partial_seconds_count"] == 1
         assert values["voxtide_partial_to_final_seconds_count"] >= 1
+        assert values["voxtide_session_lag_seconds_count"] >= 1
         assert values['voxtide_engine_step_seconds_bucket{le="+Inf"}'] >= 1
-        assert values["voxtide_encoder_cache_queries"] >= len(samples) // 1280
-        assert values["voxtide_processor_cache_queries"] >= 1
+        assert values["voxtide_encoder_cache_queries_total"] >= len(samples) // 1280
+        assert values["voxtide_processor_cache_queries_total"] >= 1
         assert values["voxtide_sessions_active"] == 0
         status, kind, body = await http_get(server, "/sample.wav")
         assert status == 200 and body == (server.config.web_dir / "sample.wav").read_bytes()
@@ -414,7 +418,7 @@ async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_h
         assert finals_text(messages) == GOLDEN["0890"]
         assert (await http_get(server, "/healthz"))[0] == 200
         metrics = (await http_get(server, "/metrics"))[2].decode()
-        hits = re.search(r"^voxtide_processor_cache_hits (\S+)", metrics, re.M)
+        hits = re.search(r"^voxtide_processor_cache_hits_total (\S+)", metrics, re.M)
         assert hits and float(hits.group(1)) >= len(set(hashes)) > 50, metrics
         server.engine.runner.process.kill()
         messages, ws = await listen(server, samples)

@@ -88,7 +88,7 @@ def test_cli_transcribe_json_and_bad_file(tmp_path):
     bad.write_bytes(b"definitely not audio")
     out = run_cli("transcribe", str(bad))
     assert out.returncode == 1
-    assert "cannot decode" in out.stderr
+    assert "cannot read this audio" in out.stderr
 
     out = run_cli("transcribe", "--model", str(tmp_path / "missing"), str(resampled))
     assert out.returncode == 2

@@ -58,7 +58,7 @@ def committed_text(page) -> str:
 
 
 def audio_received(server: ThreadedServer) -> float:
-    return server.server.metrics.audio_seconds.get()
+    return server.server.metrics.value("voxtide_audio_seconds_total")
 
 
 def wait_for_audio(page, server: ThreadedServer, seconds: float, deadline: float) -> None:
@@ -127,7 +127,7 @@ def test_microphone_page_resumes_after_a_dropped_connection(tmp_path, recording)
         wait_for_audio(page, server, seconds - 0.2, deadline)
         screenshot(page, "web-resumed.png")
         text, status = stop_and_read(page)
-        resumed = server.server.metrics.sessions_resumed.get(protocol="listen")
+        resumed = server.server.metrics.value("voxtide_sessions_resumed_total", protocol="listen")
         chromium.close()
     assert resumed == 1
     # the server counted each sample once (re-sent audio is trimmed to what it had) ...
