@@ -12,9 +12,13 @@ or G.711 at 8 kHz (`audio/pcmu`, `audio/pcma`; beta `g711_ulaw`, `g711_alaw`). T
 reports the running model, whatever model was asked for.
 Each turn (the audio between two commits) is one conversation item. With turn detection
 (`server_vad`, the default) a turn is committed after `silence_duration_ms` of silence;
-with `turn_detection: null` the client commits. Deltas stream each item's text as the engine
-commits it (append-only, as OpenAI's); `completed` carries the item's whole transcript once
-the engine has committed all audio up to the turn's end.
+with `turn_detection: null` the client commits. In OpenAI's order, each item is announced
+once its turn is committed (input_audio_buffer.committed, then conversation.item.added, or
+in the beta API, chosen by the `OpenAI-Beta: realtime=v1` header or a
+transcription_session.update, conversation.item.created); its deltas follow (the text the
+engine committed before that is held back and sent as the first delta), then `completed`
+with the whole transcript and `usage` once the engine has committed all audio up to the
+turn's end, then (GA) conversation.item.done.
 """
 
 from __future__ import annotations
@@ -52,13 +56,17 @@ class Item:
     start_ms: int
     end_ms: int | None = None  # set when committed
     words: list[Word] = field(default_factory=list)
+    announced: bool = False  # committed and created: its deltas go out
+    previous_id: str | None = None  # the item before it in the conversation
+    num_sent: int = 0  # words sent in deltas
 
 
 class RealtimeSession(Session):
     protocol = "realtime"
 
-    def __init__(self, ws: Connection, ctx: ServerContext, rate: int = OPENAI_RATE):
+    def __init__(self, ws: Connection, ctx: ServerContext, rate: int = OPENAI_RATE, beta: bool = False):
         super().__init__(ws, ctx, rate)
+        self.beta = beta  # the beta API's event names
         self.transcription: dict[str, Any] = {"model": ctx.model_name, "prompt": "", "language": "en"}
         self.encoding = "pcm16"  # of the appended audio: pcm16, or G.711 mulaw / alaw at 8 kHz
         self.turn_detection: dict[str, Any] | None = dict(DEFAULT_TURN_DETECTION)
@@ -93,7 +101,7 @@ class RealtimeSession(Session):
         fmt: dict[str, Any] = {"type": next(k for k, v in FORMATS.items() if v == self.encoding)}
         if self.encoding == "pcm16":
             fmt["rate"] = rate
-        return {
+        session = {
             "id": self.id, "object": "realtime.transcription_session", "type": "transcription",
             "audio": {"input": {"format": fmt, "transcription": dict(self.transcription),
                                 "turn_detection": self.turn_detection, "noise_reduction": None}},
@@ -102,6 +110,11 @@ class RealtimeSession(Session):
             "input_audio_transcription": dict(self.transcription),
             "turn_detection": self.turn_detection, "include": [],
         }
+        if self.beta:  # the beta schema names only OpenAI's models ("whisper-1" is Whisper's)
+            # and always has a client secret; a websocket session has none to give
+            session["input_audio_transcription"]["model"] = "whisper-1"
+            session["client_secret"] = {"value": "", "expires_at": 0}
+        return session
 
     async def on_open(self) -> None:
         await self.emit("session.created", session=self.session_object())
@@ -164,6 +177,7 @@ class RealtimeSession(Session):
         if turn_detection != "unchanged":
             self.turn_detection = turn_detection
             self.vad = self._make_vad()
+        self.beta = self.beta or event["type"] == "transcription_session.update"
         kind = event["type"].replace(".update", ".updated")
         await self.emit(kind, session=self.session_object())
 
@@ -269,10 +283,28 @@ class RealtimeSession(Session):
         assert item is not None
         item.end_ms = self.fed_ms
         self.current = None
-        await self.emit("input_audio_buffer.committed", previous_item_id=self.last_item_id,
-                        item_id=item.id)
-        self.last_item_id = item.id
+        await self._announce(item)
         self.ctx.loop.flush(self.id)
+
+    async def _announce(self, item: Item) -> None:
+        """The turn is committed: say so, create its item, then send the text held for it."""
+        item.previous_id, self.last_item_id = self.last_item_id, item.id
+        await self.emit("input_audio_buffer.committed", previous_item_id=item.previous_id,
+                        item_id=item.id)
+        await self.emit("conversation.item.created" if self.beta else "conversation.item.added",
+                        previous_item_id=item.previous_id, item=_item_json(item, None))
+        item.announced = True
+        await self._delta(item)
+
+    async def _delta(self, item: Item) -> None:
+        """The item's words not sent yet, as one delta (the first one without its lead space)."""
+        if item.num_sent < len(item.words):
+            delta = "".join(w.text for w in item.words[item.num_sent :])
+            if not item.num_sent:
+                delta = delta.lstrip()
+            item.num_sent = len(item.words)
+            await self.emit("conversation.item.input_audio_transcription.delta",
+                            item_id=item.id, content_index=0, delta=delta)
 
     async def _clear(self, event: dict[str, Any]) -> None:
         item = self.current
@@ -297,31 +329,39 @@ class RealtimeSession(Session):
         return self.current
 
     async def on_output(self, output: EngineOutput) -> None:
-        deltas: dict[str, list[Word]] = {}
         for word in output.committed:
             item = self._item_for(word)
             if item is not None:
-                deltas.setdefault(item.id, []).append(word)
                 item.words.append(word)
         for item in list(self.items):
-            new = deltas.get(item.id)
-            if new:
-                delta = "".join(w.text for w in new)
-                if len(item.words) == len(new):
-                    delta = delta.lstrip()
-                await self.emit("conversation.item.input_audio_transcription.delta",
-                                item_id=item.id, content_index=0, delta=delta)
+            if item.announced:
+                await self._delta(item)
             if output.flushed and item.end_ms is not None and item.end_ms <= output.flushed_ms:
                 await self._complete(item)
             elif output.finished and (item.words or item.end_ms is not None):
-                item.end_ms = self.fed_ms if item.end_ms is None else item.end_ms
-                await self._complete(item)  # the session ended: its last turn is complete
+                if not item.announced:  # the session ended inside a turn: it ends the turn
+                    item.end_ms = self.fed_ms
+                    if item is self.current:
+                        self.current = None
+                    await self._announce(item)
+                await self._complete(item)
 
     async def _complete(self, item: Item) -> None:
         self.items.remove(item)
         transcript = text_of(item.words)
+        assert item.end_ms is not None
         self.ctx.store.append(self.id, {"item_id": item.id, "text": transcript,
                                         "start_ms": item.start_ms, "end_ms": item.end_ms,
                                         "words": words_json(item.words)})
+        usage = {"type": "duration", "seconds": round((item.end_ms - item.start_ms) / 1000, 3)}
         await self.emit("conversation.item.input_audio_transcription.completed", item_id=item.id,
-                        content_index=0, transcript=transcript)
+                        content_index=0, transcript=transcript, usage=usage)
+        if not self.beta:
+            await self.emit("conversation.item.done", previous_item_id=item.previous_id,
+                            item=_item_json(item, transcript))
+
+
+def _item_json(item: Item, transcript: str | None) -> dict[str, Any]:
+    """The conversation item of a turn: a user message of input audio."""
+    return {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed",
+            "role": "user", "content": [{"type": "input_audio", "transcript": transcript}]}

@@ -327,8 +327,9 @@ class Server:
         if rate is None:
             return
         conn = Connection(ws)
+        beta = "realtime=v1" in ws.headers.get("openai-beta", "")  # the beta API's events
         if await self._admit(conn):
-            await self._run(RealtimeSession(conn, self.ctx, rate), conn)
+            await self._run(RealtimeSession(conn, self.ctx, rate, beta), conn)
 
     async def _admit(self, conn: Connection) -> bool:
         """A new session, unless at capacity or overloaded (then closed with 1013)."""

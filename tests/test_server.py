@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 import urllib.request
 from pathlib import Path
 
@@ -481,3 +482,53 @@ async def test_realtime_clear_drops_the_uncommitted_audio(tmp_path):
     assert error_rate(reference, done["transcript"]) <= 0.15, done["transcript"]
     deltas = "".join(e["delta"] for e in events if e["type"].endswith(".delta"))
     assert "married" not in deltas.lower() and "married" not in done["transcript"].lower()
+
+
+@pytest.mark.parametrize("beta", [False, True])
+async def test_the_openai_realtime_client_reads_every_event_strictly(tmp_path, beta):
+    """The official openai SDK's realtime client (GA, and beta with its header), every server
+    event validated strictly against the SDK's own models, in OpenAI's order per item:
+    committed, added (beta: created), deltas, completed with usage, (GA) done."""
+    from openai.types.beta.realtime import RealtimeServerEvent as BetaEvent
+    from openai.types.realtime import RealtimeServerEvent
+
+    models = {typing.get_args(m.model_fields["type"].annotation)[0]: m
+              for m in typing.get_args(typing.get_args(BetaEvent if beta else RealtimeServerEvent)[0])}
+    (first, ref_1), (second, ref_2) = clip("0930"), clip("0890")
+    async with running_server(tmp_path) as server:
+        client = openai.AsyncOpenAI(api_key="any", base_url=f"http://127.0.0.1:{server.port}/v1",
+                                    websocket_base_url=f"ws://127.0.0.1:{server.port}/v1")
+        realtime = client.beta.realtime if beta else client.realtime
+        async with realtime.connect(model="gpt-realtime", extra_query={"intent": "transcription"}) as conn:
+            if beta:
+                await conn.send({"type": "transcription_session.update", "session": {
+                    "input_audio_format": "pcm16", "turn_detection": None}})
+            else:
+                await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                    "format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}}})
+            for samples in (first, second):
+                pcm = pcm16_at(samples, 24000)
+                for i in range(0, len(pcm), 4800):
+                    await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 4800]).decode())
+                await conn.input_audio_buffer.commit()
+            events = []
+            last = "conversation.item." + ("input_audio_transcription.completed" if beta else "done")
+            while sum(e["type"] == last for e in events) < 2:
+                event = json.loads(await asyncio.wait_for(conn.recv_bytes(), 60))
+                models[event["type"]].model_validate(event, strict=True)
+                events.append(event)
+    created = "conversation.item.created" if beta else "conversation.item.added"
+    assert [e["type"] for e in events[:2]] == [
+        "session.created", "transcription_session.updated" if beta else "session.updated"]
+    items = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    for item_id, reference in zip(items, (ref_1, ref_2), strict=True):
+        mine = [e["type"] for e in events
+                if e.get("item_id") == item_id or e.get("item", {}).get("id") == item_id]
+        deltas = [e["delta"] for e in events if e["type"].endswith(".delta") and e["item_id"] == item_id]
+        assert mine == ["input_audio_buffer.committed", created,
+                        *["conversation.item.input_audio_transcription.delta"] * len(deltas),
+                        "conversation.item.input_audio_transcription.completed",
+                        *([] if beta else ["conversation.item.done"])], mine
+        done = next(e for e in events if e["type"].endswith(".completed") and e["item_id"] == item_id)
+        assert "".join(deltas) == done["transcript"] and error_rate(reference, done["transcript"]) <= 0.15
+        assert done["usage"]["type"] == "duration" and done["usage"]["seconds"] > 1
