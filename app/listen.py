@@ -1,11 +1,14 @@
 """`/v1/listen`: Deepgram's live transcription protocol, field for field.
 
-Query parameters (Deepgram's names): `encoding` (linear16, default, linear32, mulaw, alaw, or
-float32), `sample_rate` (8000-48000, default 16000), `channels` (interleaved channels are
-mixed down to one), `interim_results` (default false), `punctuate` / `smart_format` (default
-false: lowercase words without punctuation, as Deepgram's), `utterance_end_ms`, `vad_events`,
-`endpointing` (accepted; the server's `endpoint_ms` decides), `model` and `language`
-(accepted; the running model answers). Booleans are `true` / `false`.
+Query parameters (Deepgram's names): `encoding` (linear16, linear32, mulaw, alaw, float32:
+headerless PCM; opus or flac: Ogg Opus or FLAC; none: a container if the first message starts
+like one (webm from a browser's MediaRecorder, ogg, wav, flac, mp3), else linear16),
+`sample_rate` (8000-48000, default 16000; a container's own rate wins), `channels`
+(interleaved channels are mixed down to one), `interim_results` (default false), `punctuate`
+/ `smart_format` (default false: lowercase words without punctuation, as Deepgram's),
+`utterance_end_ms`, `vad_events`, `endpointing` (accepted; the server's `endpoint_ms`
+decides), `model` and `language` (accepted; the running model answers). Booleans are `true`
+/ `false`.
 
 Client messages: binary audio frames; {"type": "KeepAlive"}; {"type": "Finalize"} (commit
 everything so far, keep the stream open; the final that completes it has `from_finalize`);
@@ -36,6 +39,7 @@ the finals after `last_seq`, then the current partial, and the stream goes on.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -45,9 +49,11 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import numpy as np
+import torch
 
 from app.connection import CLOSE_INTERNAL, Connection
-from app.session import ServerContext, Session, query_rate, text_of, words_json
+from app.session import ServerContext, Session, clip_text, query_rate, text_of, words_json
+from audio.container import StreamDecoder, is_container
 from audio.io import AudioError, pcm_to_float
 from audio.vad import TurnDetector
 from engine.engine import EngineOutput
@@ -55,7 +61,8 @@ from engine.timeline import samples_to_ms
 from engine.words import Word
 
 ENCODINGS = {"linear16": "pcm16", "pcm16": "pcm16", "linear32": "linear32", "float32": "float32",
-             "mulaw": "mulaw", "alaw": "alaw"}
+             "mulaw": "mulaw", "alaw": "alaw", "opus": "container", "flac": "container"}
+CONTAINER, SNIFF = "container", "sniff"  # decoded by PyAV; a container or linear16, by its start
 MAX_CHANNELS = 8
 REPLAY_FINALS = 1000  # finals kept for a resume to re-send
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -64,7 +71,7 @@ TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 @dataclass(frozen=True)
 class ListenOptions:
     rate: int = 16000
-    encoding: str = "pcm16"  # an audio.io PCM encoding
+    encoding: str = SNIFF  # an audio.io PCM encoding, CONTAINER, or SNIFF (no encoding given)
     channels: int = 1
     interim_results: bool = False
     punctuate: bool = False
@@ -99,10 +106,10 @@ def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions 
     if "resume_token" in params:
         return {"resume_token": params["resume_token"],
                 "last_seq": int_param(params, "last_seq", 0, 1 << 62) or 0}
-    encoding = params.get("encoding", "linear16").lower()
-    if encoding not in ENCODINGS:
+    encoding = params.get("encoding", SNIFF).lower()
+    if encoding not in ENCODINGS and encoding != SNIFF:
         raise ValueError(f"encoding {encoding!r} is not supported; use linear16, linear32, mulaw, "
-                         "alaw or float32")
+                         "alaw, float32, opus or flac, or none for containerized audio")
     if flag(params, "multichannel"):
         raise ValueError("multichannel=true is not supported; channels are mixed down to one")
     language = params.get("language", "en").lower()
@@ -111,7 +118,7 @@ def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions 
     if params.get("endpointing", "10").lower() not in FALSE:
         int_param(params, "endpointing", 0, 60_000)  # accepted; the server's endpoint_ms decides
     return ListenOptions(
-        rate=query_rate(params, 16000), encoding=ENCODINGS[encoding],
+        rate=query_rate(params, 16000), encoding=ENCODINGS.get(encoding, SNIFF),
         channels=int_param(params, "channels", 1, MAX_CHANNELS) or 1,
         interim_results=flag(params, "interim_results"),
         punctuate=flag(params, "punctuate") or flag(params, "smart_format"),
@@ -154,12 +161,15 @@ class ListenSession(Session):
         self.last_word_end_ms: int | None = None  # of the last final word, until UtteranceEnd
         self.vad = TurnDetector() if options.vad_events else None
         self.speech_starts: list[int] = []  # found while feeding, sent after the message
+        self.encoding = options.encoding  # SNIFF until the first audio message says
+        self.decoder: StreamDecoder | None = None  # a container's, from its first message on
+        self.decode_error: str | None = None  # the decoder's, reported once
         self.controls: dict[str, Callable[[], Awaitable[None]]] = {
             "KeepAlive": self._keep_alive, "Finalize": self._finalize, "CloseStream": self._close_stream}
 
     def _connected(self) -> dict[str, Any]:
         return {"type": "Connected", "session_id": self.id, "resume_token": self.resume_token,
-                "sample_rate": self.resampler.rate, "encoding": self.options.encoding,
+                "sample_rate": self.resampler.rate, "encoding": self.encoding,
                 "model": self.ctx.model_name}
 
     async def on_open(self) -> None:
@@ -182,16 +192,55 @@ class ListenSession(Session):
     # ------------------------------------------------------------------ client messages
 
     async def on_binary(self, data: bytes) -> None:
-        try:
-            samples = pcm_to_float(data, self.options.encoding, self.options.channels)
-        except AudioError as e:
-            await self.send_error("invalid_audio", str(e), variant="DataError")
-            return
-        self.ingest(samples)
+        if self.encoding == SNIFF:
+            self.encoding = CONTAINER if is_container(data) else "pcm16"
+        if self.encoding == CONTAINER:
+            self._decode(data)
+        else:
+            try:
+                samples = pcm_to_float(data, self.encoding, self.options.channels)
+            except AudioError as e:
+                await self.send_error("invalid_audio", str(e), variant="DataError")
+                return
+            self.ingest(samples)
+        await self._after_audio()
+
+    async def _after_audio(self) -> None:
+        if self.decode_error is not None:
+            await self.send_error("invalid_audio", self.decode_error, variant="DataError")
+            self.decode_error = ""  # once
         for ms in self.speech_starts:
             await self.send({"type": "SpeechStarted", "channel": [0], "timestamp": ms / 1000})
         self.speech_starts = []
         await self._utterance_end()
+
+    def _decode(self, data: bytes) -> None:
+        """Feed a container's bytes to its decoder (started by the first ones); the audio
+        comes back on the event loop as it is decoded."""
+        if self.decoder is None:
+            loop = asyncio.get_running_loop()
+            self.decoder = StreamDecoder(
+                lambda samples, rate: loop.call_soon_threadsafe(self._decoded, samples, rate),
+                lambda message: loop.call_soon_threadsafe(setattr, self, "decode_error", message))
+            if self.resume_token is not None:  # a container cannot be taken up mid-stream
+                self.ctx.resumable.pop(self.resume_token, None)
+                self.resume_token = None
+        self.decoder.feed(data)
+
+    def _decoded(self, samples: np.ndarray, rate: int) -> None:
+        if not self.ended:
+            self.ingest(torch.from_numpy(samples), rate)
+
+    async def on_input_end(self) -> None:
+        if self.decoder is not None:
+            self.decoder.close()
+            # the decoder's last calls are queued on the event loop before this wakes up
+            await asyncio.to_thread(self.decoder.thread.join)
+            await self._after_audio()
+
+    def on_abort(self) -> None:
+        if self.decoder is not None:
+            self.decoder.close()
 
     def on_fed(self, samples: np.ndarray) -> None:
         if self.vad is not None:
@@ -293,8 +342,8 @@ class ListenSession(Session):
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         self.ctx.metrics.client_errors.labels(code).inc()
         variant = extra.pop("variant", "ServerError" if code == "engine_error" else "ClientError")
-        await self.send({"type": "Error", "variant": variant, "code": code, "description": message,
-                         **extra})
+        await self.send({"type": "Error", "variant": variant, "code": code,
+                         "description": clip_text(message, 300), **extra})
 
     async def send_warning(self, code: str, message: str, **extra: Any) -> None:
         if self.options.voxtide_events:

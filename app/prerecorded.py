@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from app import formats
-from app.listen import ENCODINGS, MAX_CHANNELS, deepgram_words, flag, int_param, model_metadata
+from app.listen import CONTAINER, ENCODINGS, MAX_CHANNELS, deepgram_words, flag, int_param, model_metadata
 from app.session import ServerContext, query_rate
 from app.upload import (
     ClientGone,
@@ -60,8 +60,8 @@ def _options(query: str, multilingual: bool) -> dict[str, Any]:
     if not multilingual and language not in ENGLISH:
         raise ValueError(f"language {language!r} is not supported by this English-only model; use en")
     raw = None
-    if "encoding" in params:  # headerless PCM
-        encoding = params["encoding"].lower()
+    encoding = params.get("encoding", "").lower()
+    if encoding and ENCODINGS.get(encoding) != CONTAINER:  # headerless PCM
         if encoding not in ENCODINGS:
             raise ValueError(f"encoding {encoding!r} is not supported; use linear16, linear32, "
                              "mulaw, alaw or float32, or send a file with a header (wav, ...)")

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from app.connection import Connection
-from app.session import ServerContext, Session, new_id, text_of, words_json
+from app.session import ServerContext, Session, clip_text, new_id, text_of, words_json
 from audio.io import AudioError, check_stream_rate, pcm_to_float
 from audio.stream import StreamResampler
 from audio.vad import TurnDetector, VadEvent
@@ -90,9 +90,10 @@ class RealtimeSession(Session):
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         self.ctx.metrics.client_errors.labels(code).inc()
         server_side = code in ("engine_error", "rate_limited", "internal_error")
+        event_id = extra.get("event_id")
         error = {"type": "server_error" if server_side else "invalid_request_error",
-                 "code": code, "message": message, "param": extra.get("param"),
-                 "event_id": extra.get("event_id")}
+                 "code": code, "message": clip_text(message, 300), "param": extra.get("param"),
+                 "event_id": clip_text(event_id, 64) if isinstance(event_id, str) else None}
         await self.emit("error", error=error)
 
     def session_object(self) -> dict[str, Any]:
@@ -164,7 +165,7 @@ class RealtimeSession(Session):
                 raise ValueError(f"language {language!r} is not supported by {self.ctx.model_name}; "
                                  "use en")
             turn_detection = self._turn_detection(audio_in, session)
-        except (ValueError, AttributeError, TypeError) as e:
+        except (ValueError, AttributeError, TypeError, OverflowError) as e:
             await self.send_error("invalid_value", str(e), event_id=event.get("event_id"),
                                   param="session")
             return
@@ -333,6 +334,9 @@ class RealtimeSession(Session):
             item = self._item_for(word)
             if item is not None:
                 item.words.append(word)
+        if output.committed:  # words come in time order: ranges behind them are done with
+            last = output.committed[-1].start_ms
+            self.cleared = [r for r in self.cleared if r[1] > last]
         for item in list(self.items):
             if item.announced:
                 await self._delta(item)

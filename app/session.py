@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -68,6 +69,22 @@ def query_rate(params: dict[str, str], default: int) -> int:
     except ValueError:
         raise ValueError(f"sample_rate must be an integer, got {value!r}") from None
     return check_stream_rate(rate)
+
+
+def clip_text(text: str, limit: int = 120) -> str:
+    """Client input echoed in a message, bounded."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {clip_text(text, 40)}")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def words_json(words: list[Word]) -> list[dict[str, Any]]:
@@ -163,6 +180,7 @@ class Session:
         """No more audio: transcribe the rest (into the store, and to the client if there)."""
         self._stop_resume()
         try:
+            await self.on_input_end()
             self._feed(self.resampler.flush())
             self.ctx.loop.finish(self.id)
             assert self.writer is not None
@@ -175,6 +193,7 @@ class Session:
             self.ctx.store.close(self.id)
 
     def abort(self) -> None:
+        self.on_abort()
         self._stop_resume()
         self.ctx.loop.abort(self.id)
         if self.writer is not None:
@@ -252,19 +271,27 @@ class Session:
     # ------------------------------------------------------------------ helpers
 
     def parse_json(self, text: str) -> dict[str, Any] | str:
-        """A JSON object, or the reason it is not one."""
+        """A JSON object, or the reason it is not one (nesting too deep for the parser and
+        numbers out of range, like 1e400 or NaN, are not)."""
         try:
-            message = json.loads(text)
+            message = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
         except ValueError as e:
-            return f"message is not valid JSON: {e}"
+            return f"message is not valid JSON: {clip_text(str(e))}"
+        except RecursionError:
+            return "message is not valid JSON: nested too deeply"
         if not isinstance(message, dict):
             return "message must be a JSON object"
         return message
 
-    def ingest(self, samples: torch.Tensor) -> None:
-        """(n,) float32 at the session's rate -> the engine (resampled to 16 kHz)."""
+    def ingest(self, samples: torch.Tensor, rate: int | None = None) -> None:
+        """(n,) float32 at the session's rate -> the engine (resampled to 16 kHz). A
+        container's decoder gives its own `rate`; the resampler follows it, and no other
+        audio comes then."""
         if not samples.numel():
             return
+        if rate is not None and rate != self.resampler.rate:
+            self._feed(self.resampler.flush())
+            self.resampler = StreamResampler(rate)
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
         self.num_received += samples.numel()
@@ -284,8 +311,13 @@ class Session:
     async def send(self, event: dict[str, Any]) -> None:
         if not self.connected:
             return
+        text = json.dumps(event, ensure_ascii=False)
         try:
-            await self.ws.send(json.dumps(event, ensure_ascii=False))
+            text.encode()
+        except UnicodeEncodeError:  # a lone surrogate from the client's JSON: escape it
+            text = json.dumps(event)
+        try:
+            await self.ws.send(text)
         except Disconnected:
             self.connected = False
 
@@ -319,6 +351,12 @@ class Session:
         """(n,) 16 kHz samples just given to the engine (for turn detection)."""
 
     async def on_output(self, output: EngineOutput) -> None: ...
+
+    async def on_input_end(self) -> None:
+        """No more client audio: ingest what is still on its way (a container's decoder)."""
+
+    def on_abort(self) -> None:
+        """The session is dropped: stop what runs beside it."""
 
     async def on_resume(self, last_seq: int) -> None:
         """A new connection took over: tell it where the session is, send what it missed."""

@@ -2,12 +2,17 @@
 
 Whatever ffmpeg reads: wav, flac, ogg (vorbis, opus), mp3, m4a/aac, webm (opus), and more.
 The decoded audio keeps its rate; the caller resamples with audio.io.resample, so a file
-gives the same samples whichever way it reaches the server.
+gives the same samples whichever way it reaches the server. `StreamDecoder` decodes a
+container that arrives in pieces over a websocket (a browser MediaRecorder's webm/opus, Ogg
+Opus) in a thread of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import io
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -19,6 +24,10 @@ import torch
 from audio.io import AudioError, resample
 
 FORMATS_HINT = "send wav, flac, ogg, opus, mp3, m4a, aac or webm audio"
+# the first bytes of the containers a stream may start with (for streams that do not say)
+MAGIC = (b"OggS", b"\x1aE\xdf\xa3", b"RIFF", b"fLaC", b"ID3")
+# a live stream: find its audio stream in the first packets, not in ffmpeg's default 5 MB
+LIVE_OPTIONS = {"probesize": "4096", "analyzeduration": "0"}
 # audio.io's PCM encodings -> ffmpeg's demuxers of headerless audio
 RAW_DEMUXERS = {"pcm16": "s16le", "linear32": "s32le", "float32": "f32le", "mulaw": "mulaw",
                 "alaw": "alaw"}
@@ -56,11 +65,11 @@ def decode(source: str | Path | BinaryIO, max_seconds: float | None = None,
 
 
 def iter_decode(source: str | Path | BinaryIO, max_seconds: float | None = None,
-                raw: RawFormat | None = None) -> Iterator[tuple[np.ndarray, int]]:
+                raw: RawFormat | None = None, live: bool = False) -> Iterator[tuple[np.ndarray, int]]:
     """Decode lazily (a long file is never whole in memory): ((n,) float32 mono, rate)
     pieces, one rate throughout. AudioError as `decode`; none yielded for an empty file.
-    `raw`: the source is headerless PCM of that format."""
-    fmt, options = None, None
+    `raw`: the source is headerless PCM of that format; `live`: it is still arriving."""
+    fmt, options = None, dict(LIVE_OPTIONS) if live else None
     if raw is not None:
         fmt = RAW_DEMUXERS[raw.encoding]
         options = {"sample_rate": str(raw.rate), "ch_layout": f"{raw.channels}C"}
@@ -104,6 +113,72 @@ def _exact_end(container: av.container.InputContainer, stream: av.AudioStream) -
     if container.format.name != "ogg" or not stream.duration or stream.time_base is None:
         return 1 << 62
     return round(stream.duration * stream.time_base * stream.rate)
+
+
+def is_container(data: bytes) -> bool:
+    """Whether a stream's first message starts like a container (not headerless PCM)."""
+    return data.startswith(MAGIC) or data[:2] in (b"\xff\xfb", b"\xff\xf3", b"\xff\xf1", b"\xff\xf9")
+
+
+class _Pipe(io.RawIOBase):
+    """Bytes put by one thread, read by another: reads wait for data or the end."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[bytes] = deque()
+        self.ended = False
+        self.cond = threading.Condition()
+
+    def readable(self) -> bool:
+        return True
+
+    def put(self, data: bytes) -> None:
+        with self.cond:
+            self.chunks.append(bytes(data))
+            self.cond.notify()
+
+    def end(self) -> None:
+        with self.cond:
+            self.ended = True
+            self.cond.notify()
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        with self.cond:
+            self.cond.wait_for(lambda: self.chunks or self.ended)
+            if not self.chunks:
+                return 0  # the end
+            chunk = self.chunks.popleft()
+            n = min(len(buffer), len(chunk))
+            buffer[:n] = chunk[:n]
+            if n < len(chunk):
+                self.chunks.appendleft(chunk[n:])
+            return n
+
+
+class StreamDecoder:
+    """A container arriving in pieces, decoded in a thread of its own as its bytes come in.
+    `on_audio((n,) float32 mono, rate)` and `on_error(message)` are called from that thread;
+    after `close()`, `thread` ends once everything is decoded."""
+
+    def __init__(self, on_audio: Callable[[np.ndarray, int], None], on_error: Callable[[str], None]):
+        self.pipe = _Pipe()
+        self.thread = threading.Thread(target=self._run, args=(on_audio, on_error), daemon=True,
+                                       name="stream-decoder")
+        self.thread.start()
+
+    def feed(self, data: bytes) -> None:
+        self.pipe.put(data)
+
+    def close(self) -> None:
+        self.pipe.end()
+
+    def _run(self, on_audio: Callable[[np.ndarray, int], None], on_error: Callable[[str], None]) -> None:
+        try:
+            for samples, rate in iter_decode(self.pipe, live=True):
+                on_audio(samples, rate)
+        except AudioError as e:
+            on_error(str(e))
+            while self.pipe.read(1 << 16):  # what still comes is dropped, not left to block
+                pass
 
 
 def probe(source: BinaryIO, raw: RawFormat | None = None) -> None:

@@ -6,10 +6,11 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
 - A preview (a partial over only the audio since the last final) shows words, never commits.
 - A final window (it ends at a pause, a flush or the end of the input) commits its decode
   whole; it is cut there when it was flushed or is long, else its utterance stays in the
-  window as context for the next one (a short window alone decodes worse). A final whose
-  decode stopped short of speech in its window (Whisper, re-reading a committed utterance
-  it was given as context, may end its text there) is cut at its committed end instead,
-  and decoded again from there: the speech it skipped is never cut away unheard.
+  window as context for the next one (a short window alone decodes worse). A final that
+  committed nothing although seconds of speech follow the committed words (Whisper,
+  re-reading a committed utterance it was given as context, may end its text there) is cut
+  at its committed end instead, and decoded again from there: that speech is never cut
+  away unheard.
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
 - A window that cannot take another decode interval within 30 s commits its whole segments
@@ -26,9 +27,10 @@ from dataclasses import dataclass
 from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND
 
 TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # 750: a window over 15 s is cut at its commit
-# a final that leaves this much VAD speech past its committed words, having committed this
-# much past its window start, is decoded again from its committed end
-RETRY_SPEECH_MS = 1000
+# a final that committed nothing, with this much VAD speech past the committed words and
+# this much committed audio in its window, is decoded again from the committed end (a word
+# end aligned early leaves well under 2 s of speech behind it)
+RETRY_SPEECH_MS = 2000
 RETRY_PROGRESS_POSITIONS = POSITIONS_PER_SECOND
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
 
@@ -96,13 +98,14 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
                      speech_after_ms: int = 0) -> int | None:
     """Where the window starts once the plan is applied (None: where it was).
     `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
-    speech in the window past them. A FINAL cut before the window's end is a retry."""
+    speech in the window past them, for a FINAL that committed nothing. A FINAL cut before
+    the window's end is a retry."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
     if action is Action.FINAL:
         if speech_after_ms >= RETRY_SPEECH_MS and committed_end >= facts.start + RETRY_PROGRESS_POSITIONS:
-            return committed_end  # each retry starts a second later: they end
+            return committed_end  # (the retry starts there: it is never retried itself)
         return facts.end if facts.flushed or length > TRIM_AFTER_POSITIONS else None
     if action is Action.WHOLE:
         return facts.complete

@@ -174,6 +174,8 @@ class Engine:
         """
         self.stop_partials.clear()
         self.hear()
+        for stream in self.streams.values():
+            stream.skip_silence()
         scheduled = self.scheduler.schedule(s.request for s in self.streams.values())
         self.num_due_at_schedule = self.scheduler.num_due
         if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):

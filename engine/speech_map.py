@@ -50,6 +50,11 @@ class SpeechMap:
         n = bisect.bisect_left(self.ends, ms)
         del self.starts[:n], self.ends[:n]
 
+    def next_speech(self, ms: int) -> int | None:
+        """Where speech is next heard at or after `ms` (None: not yet)."""
+        k = bisect.bisect_right(self.ends, ms)  # the first run ending after ms
+        return max(self.starts[k], ms) if k < len(self.starts) else None
+
     def speech_ms(self, start_ms: int, end_ms: int) -> int:
         """How much of [start_ms, end_ms) the VAD heard as speech."""
         k = bisect.bisect_right(self.ends, start_ms)  # the first run ending after start_ms

@@ -31,6 +31,13 @@ from engine.speech_map import SpeechMap
 from engine.timeline import item_positions, ms_to_positions, positions_to_ms, samples_to_ms
 from engine.words import Word, shift_timestamps
 
+# a window is moved up to speech after this much silence (Stream.skip_silence), keeping this
+# much of the silence before the speech; speech within SPEECH_TAIL_MS of the committed words'
+# end is taken for their tail (a last word's aligned end may fall short of its sound)
+LONG_SILENCE_MS = 3000
+LEAD_IN_MS = 1000
+SPEECH_TAIL_MS = 500
+
 
 @dataclass
 class EngineOutput:
@@ -223,6 +230,23 @@ class Stream:
             request.endpoints.append(end)
             request.last_endpoint = end
 
+    def skip_silence(self) -> None:
+        """Start the window shortly before speech that follows a long silence, once
+        everything before that silence is committed. Whisper, given seconds of silence before
+        the speech (and the committed text as its prompt), repeats the prompt's last sentence
+        or makes up words in them; the silence holds nothing to transcribe. Not while a decode
+        of the window is in flight (its result is applied against the window it had)."""
+        request = self.request
+        if request.output_token_ids and request.output_token_ids[-1] == -1:
+            return
+        committed = self.policy.committed_end_ms
+        start = max(positions_to_ms(request.window_start), committed)
+        onset = self.speech.next_speech(start + SPEECH_TAIL_MS)
+        if onset is None or onset - start < LONG_SILENCE_MS:
+            return
+        if self.speech.speech_ms(committed + SPEECH_TAIL_MS, onset) == 0:
+            self._cut(ms_to_positions(onset - LEAD_IN_MS))
+
     # ------------------------------------------------------------------ decoding
 
     def draft(self, start: int, preview: bool) -> list[int]:
@@ -280,7 +304,9 @@ class Stream:
         update = self._commit(plan, self.speech.fit(result.words))
         end_ms = policy.committed_end_ms
         final = plan.action is commit.Action.FINAL
-        missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0  # speech unheard
+        # a final that committed nothing new: the speech past the committed words went unheard
+        stalled = final and not update.committed
+        missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if stalled else 0
         cut = commit.new_window_start(facts, plan.action, ms_to_positions(end_ms), missed)
         if cut is not None:
             self._cut(cut)

@@ -10,22 +10,28 @@ audio up to the end of its recording was sent: a fixed point, whatever times the
 gives the words), the largest lag and the pooled WER. An N given more than once
 (`--sessions 8 8 8`) is run that often, and its p95 range and median are printed too: the
 host's speed drifts from run to run.
-The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s.
+The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s. With `--upload-seconds S`, a file of S s
+(the passage looped) is sent to POST /v1/audio/transcriptions as the sessions start, to see
+what a long upload costs live sessions (it is a background request: their finals never wait
+for it); its audio seconds per wall second are printed.
 
     scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
         [--preview-pad-seconds 0] [--endpoint-ms 400] [--rotate] [--max-batch 4] [--max-finals 1] \
-        [--worker thread] [--device cuda] [--json out.json]
+        [--worker thread] [--device cuda] [--upload-seconds 600] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import soundfile as sf
 import torch
@@ -55,7 +61,21 @@ def passages(rotate: int) -> tuple[np.ndarray, str, list[int]]:
     return samples.numpy(), reference, ends
 
 
-async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle) -> dict:
+async def upload(port: int, seconds: float) -> float:
+    """Transcribe `seconds` of the passage, looped, over HTTP -> audio seconds per wall second."""
+    samples = passages(0)[0]
+    looped = np.tile(samples, int(np.ceil(seconds * 16000 / samples.size)))[: int(seconds * 16000)]
+    wav = io.BytesIO()
+    sf.write(wav, looped, 16000, format="WAV", subtype="PCM_16")
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=None) as http:
+        response = await http.post(f"http://127.0.0.1:{port}/v1/audio/transcriptions",
+                                   files={"file": ("upload.wav", wav.getvalue())})
+    response.raise_for_status()
+    return seconds / (time.perf_counter() - started)
+
+
+async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, upload_s: float) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="voxtide-capacity-"))
     audio = [passages(i % len(ARCTIC_IDS) if rotate else 0) for i in range(n)]
     async with running_server(folder, config, model=model, max_sessions=max(16, n)) as server:
@@ -65,7 +85,9 @@ async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle) ->
             return await replay_session(url(server, "/v1/listen"), f"s{i}", audio[i][0], chunk_ms=100,
                                         speech_ends_ms=audio[i][2])
 
+        file = asyncio.create_task(upload(server.port, upload_s)) if upload_s else None
         reports = await asyncio.gather(*(one(i) for i in range(n)))
+        speed = await file if file is not None else None
     latencies = [x for r in reports for x in r.final_latencies]
     errors = words = 0
     for r, (_, reference, _) in zip(reports, audio, strict=True):
@@ -74,7 +96,8 @@ async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle) ->
     return {"sessions": n, "p50": round(percentile(latencies, 0.5), 2),
             "p95": round(percentile(latencies, 0.95), 2),
             "max_lag": round(max(r.max_lag_s for r in reports), 2),
-            "wer": round(errors / words, 4), "server_errors": sum(len(r.errors) for r in reports)}
+            "wer": round(errors / words, 4), "server_errors": sum(len(r.errors) for r in reports),
+            "upload_speed": round(speed, 1) if speed is not None else None}
 
 
 def main() -> int:
@@ -96,6 +119,8 @@ def main() -> int:
     parser.add_argument("--worker", choices=("process", "thread"), default="process",
                         help="where the model runs (`voxtide serve`: a process)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the model's device)")
+    parser.add_argument("--upload-seconds", type=float, default=0.0,
+                        help="also transcribe a file this long over HTTP as the sessions start")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -113,14 +138,16 @@ def main() -> int:
           f"{args.decode_interval_ms} ms, agree after {args.agree_after_ms} ms, {args.threads} threads, "
           f"model in a {args.worker} on {model.device} ({model.model.dtype}), "
           f"{samples.shape[0] / 16000:.1f} s per session"
-          + (", rotated" if args.rotate else ", all in step"))
+          + (", rotated" if args.rotate else ", all in step")
+          + (f", a {args.upload_seconds:g} s upload beside them" if args.upload_seconds else ""))
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")
     rows = []
     for n in args.sessions:
-        row = asyncio.run(run(n, config, args.rotate, model))
+        row = asyncio.run(run(n, config, args.rotate, model, args.upload_seconds))
         rows.append(row)
         print(f"{n:8d} {row['p50']:6.2f} {row['p95']:6.2f} {row['max_lag']:7.2f} {row['wer']:6.1%}"
-              + (f"  server errors {row['server_errors']}" if row["server_errors"] else ""), flush=True)
+              + (f"  server errors {row['server_errors']}" if row["server_errors"] else "")
+              + (f"  upload {row['upload_speed']}x real time" if row["upload_speed"] else ""), flush=True)
     for n in sorted({n for n in args.sessions if args.sessions.count(n) > 1}):
         p95 = sorted(row["p95"] for row in rows if row["sessions"] == n)  # the host is noisy
         print(f"{n} sessions, {len(p95)} runs: p95 {p95[0]:.2f}-{p95[-1]:.2f} s, "

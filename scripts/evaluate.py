@@ -54,7 +54,7 @@ from engine.model.transcribe import transcribe  # noqa: E402
 from scripts.corpus import DEFAULT_DIR, Score, load_index, score  # noqa: E402
 from scripts.corpus import summary as corpus_summary  # noqa: E402
 from tests.helpers import bundle  # noqa: E402
-from tests.server_client import running_server, url  # noqa: E402
+from tests.server_client import running_server  # noqa: E402
 
 SYSTEMS = ["stream", "offline", "fw-int8"]
 Words = list[tuple[float, float, str]]  # (start s, end s, text)
@@ -163,7 +163,8 @@ async def stream_all(results: list[Result], parallel: int, fast: bool, config: E
     folder = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
     longest_first = sorted(results, key=lambda r: -r.clip.seconds)  # the long session sets the pace
     async with running_server(folder, config, max_sessions=max(16, parallel)) as server:
-        await asyncio.gather(*(one(url(server, "/v1/listen"), r) for r in longest_first))
+        base = f"ws://127.0.0.1:{server.port}/v1/listen"  # stream_clip adds the query
+        await asyncio.gather(*(one(base, r) for r in longest_first))
 
 
 def offline_all(results: list[Result]) -> None:

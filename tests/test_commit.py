@@ -58,11 +58,9 @@ def test_a_final_that_stopped_short_of_speech_is_decoded_again_from_its_committe
     window = facts(start=0, end=1276, final=True, flushed=True)  # 25.5 s, the first 14 s committed
     assert new_window_start(window, Action.FINAL, 707, speech_after_ms=RETRY_SPEECH_MS) == 707
     assert new_window_start(window, Action.FINAL, 707, speech_after_ms=RETRY_SPEECH_MS - 1) == 1276
-    # the retry, from the committed end: if it stops short again it is cut (no second retry)
+    # the retry, from the committed end: if it commits nothing either, it is cut at its end
     retry = facts(start=704, end=1276, final=True, flushed=True)
     assert new_window_start(retry, Action.FINAL, 707, speech_after_ms=5000) == 1276
-    # a retry that committed a second or more is retried in turn, from further on
-    assert new_window_start(retry, Action.FINAL, 704 + 50, speech_after_ms=5000) == 754
 
 
 def test_speech_map_measures_the_speech_in_a_span():

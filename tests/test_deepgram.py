@@ -24,6 +24,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from app.replay import result_words, transcript
+from tests.helpers import encode
 from tests.server_client import g711, pcm16_at, receive_all, resample_to, running_server
 from tests.test_server import clip, error_rate
 
@@ -165,3 +166,38 @@ async def test_listen_encodings_and_channels(tmp_path, encoding, rate, channels)
     assert all(0 <= w[0] <= len(at_rate) * 1000 / rate for m in messages if m["type"] == "Results"
                for w in result_words(m))
 
+
+
+@pytest.mark.parametrize("query, fmt, codec, rate", [
+    ("", "webm", "libopus", 48000),  # a browser's MediaRecorder: no encoding, a webm stream
+    ("?encoding=opus", "ogg", "libopus", 48000),  # Deepgram's opus: Ogg Opus
+    ("?interim_results=true", "wav", "pcm_s16le", 22050),  # a wav with its header, streamed
+])
+async def test_listen_streams_containers_decoded_as_they_arrive(tmp_path, query, fmt, codec, rate):
+    first, second, first_ref, second_ref = two_utterances()
+    data = encode(torch.cat([first, second]), fmt, codec, rate)
+    async with running_server(tmp_path) as server:
+        async with connect(f"ws://127.0.0.1:{server.port}/v1/listen{query}") as ws:
+            for i in range(0, len(data), 1000):
+                await ws.send(data[i : i + 1000])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            messages = await receive_all(ws)
+    text = " ".join(transcript(m) for m in messages if m["type"] == "Results" and m["is_final"])
+    assert error_rate(f"{first_ref} {second_ref}", text) <= 0.15, text
+    assert messages[-1]["duration"] == pytest.approx((len(first) + len(second)) / 16000, abs=0.03)
+    started = [w[0] for m in messages if m["type"] == "Results" and m["is_final"] for w in result_words(m)]
+    assert started == sorted(started) and started[-1] < messages[-1]["duration"] * 1000
+
+
+async def test_a_broken_container_stream_gets_an_error_and_the_session_ends_cleanly(tmp_path):
+    async with running_server(tmp_path) as server:
+        async with connect(f"ws://127.0.0.1:{server.port}/v1/listen") as ws:
+            await ws.send(b"OggS" + bytes(range(256)) * 40)  # an ogg page header, then garbage
+            await asyncio.sleep(0.5)
+            await ws.send(b"\x00" * 4000)
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            messages = await receive_all(ws)
+        assert server.engine.num_requests == 0
+    errors = [m for m in messages if m["type"] == "Error"]
+    assert len(errors) == 1 and errors[0]["code"] == "invalid_audio", messages
+    assert messages[-1]["type"] == "Metadata" and ws.close_code == 1000

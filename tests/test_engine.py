@@ -654,3 +654,23 @@ def test_audio_pushed_far_ahead_loses_no_passage():
     hypothesis = "".join(w.text for w in words)
     errors, n = word_errors(reference, hypothesis)
     assert longest_missing_run(reference, hypothesis) <= 3 and errors / n <= 0.15, hypothesis
+
+
+def test_speech_after_a_long_silence_is_decoded_without_the_silence():
+    """Three sentences with 12 s of digital silence after each. A window that held the silence
+    before the next sentence made Whisper repeat the prompt's last sentence or make up words
+    (47% WER here: "He was not an old-sposed young man. He was a young young. man. He was an
+    ..."); the window now starts a second before the speech (Stream.skip_silence)."""
+    clips = [audio(librivox_path(c)).numpy() for c in ("0880", "0920", "0870")]
+    text = transcripts()
+    reference = " ".join(text[librivox_path(c)] for c in ("0880", "0920", "0870"))
+    silence = np.zeros(12 * 16000, np.float32)
+    samples = np.concatenate([clips[0], silence, clips[1], silence, clips[2]])
+    words = stream(Engine(bundle()), ["s"], [samples])["s"]
+    hypothesis = "".join(w.text for w in words)
+    errors, n = word_errors(reference, hypothesis)
+    gaps = [(len(clips[0]) / 16, len(clips[0]) / 16 + 12_000),
+            ((len(clips[0]) + len(silence) + len(clips[1])) / 16,
+             (len(clips[0]) + len(silence) + len(clips[1])) / 16 + 12_000)]
+    inside = [w.text for w in words for a, b in gaps if a + 500 < (w.start_ms + w.end_ms) / 2 < b - 500]
+    assert errors / n <= 0.1 and not inside, (hypothesis, inside)

@@ -532,3 +532,36 @@ async def test_the_openai_realtime_client_reads_every_event_strictly(tmp_path, b
         done = next(e for e in events if e["type"].endswith(".completed") and e["item_id"] == item_id)
         assert "".join(deltas) == done["transcript"] and error_rate(reference, done["transcript"]) <= 0.15
         assert done["usage"]["type"] == "duration" and done["usage"]["seconds"] > 1
+
+
+async def test_hostile_json_gets_bounded_error_events_and_no_traceback(tmp_path, caplog):
+    """Nesting too deep for the parser, numbers out of range, a lone UTF-16 surrogate and a
+    500 KB `type`: each gets a short error event; the session goes on; nothing is logged as
+    a server error."""
+    hostile = ["[" * 200_000 + "]" * 200_000,
+               json.dumps({"type": "session.update", "session": {"turn_detection": {
+                   "type": "server_vad", "silence_duration_ms": 1}}}).replace("1}}}", "1e400}}}"),
+               '{"type": "NaN", "x": NaN}',
+               '{"type": "input_audio_buffer.\\ud800", "event_id": "\\udfff"}',
+               json.dumps({"type": "x" * 500_000, "event_id": "y" * 500_000})]
+    async with running_server(tmp_path) as server:
+        for path in ("/v1/realtime", "/v1/listen?encoding=linear16"):
+            async with connect(url(server, path), max_size=None) as ws:
+                if path == "/v1/realtime":
+                    await next_event(ws, "session.created")
+                else:
+                    assert json.loads(await ws.recv())["type"] == "Connected"
+                errors = []
+                for message in hostile:
+                    await ws.send(message)
+                    event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                    errors.append(event)
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit" if "realtime" in path
+                                          else "KeepAlive"}))
+                if path == "/v1/realtime":  # still serving: an empty commit is refused as usual
+                    refused = await next_event(ws, "error")
+                    assert refused["error"]["code"] == "input_audio_buffer_commit_empty"
+            codes = [e["error"]["code"] if "error" in e else e["code"] for e in errors]
+            assert codes[:3] == ["invalid_json"] * 3 and "internal_error" not in codes, codes
+            assert all(len(json.dumps(e)) < 1500 for e in errors), [len(json.dumps(e)) for e in errors]
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.records

@@ -5,7 +5,9 @@ to 16 kHz in its AudioWorklet and streams PCM16 frames. The screenshot of each r
 in $VOXTIDE_ARTIFACTS (default: test-artifacts/).
 """
 
+import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -14,7 +16,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.helpers import concatenated, librivox_path, transcripts
+from audio import load_audio
+from tests.helpers import concatenated, encode, librivox_path, transcripts
 from tests.server_client import ThreadedServer, drop_server_side
 from tests.test_server import error_rate
 
@@ -193,3 +196,46 @@ def test_browser_resampler_is_band_limited_and_seamless(server):
     assert r["alias"] / r["input"] < 1e-3  # 12 kHz (above 8 kHz) is removed, not folded to 4 kHz
     assert r["lengths"][0] == r["lengths"][1] and r["diff"] < 1e-6  # pieces == whole signal
     assert np.isfinite(r["pass"])
+
+
+def test_files_the_browser_cannot_decode_go_to_the_server_each_run_its_own(server, recording, tmp_path):
+    """A format Chromium does not decode (MPEG-1 Layer II) is transcribed by the server's
+    pre-recorded endpoint; a non-audio file gets the server's reason; each file is a
+    transcript of its own, downloadable as SRT and JSON; the page shows the model."""
+    wav, reference = recording
+    mp2 = tmp_path / "speech.mp2"
+    mp2.write_bytes(encode(load_audio(wav), "mp2", "mp2"))
+    junk = tmp_path / "notes.txt"
+    junk.write_text("not audio\n" * 100)
+    uploads = server.server.metrics.value("voxtide_uploads_total", endpoint="listen", outcome="ok")
+    with playwright.sync_playwright() as p:
+        chromium = browser(p)
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{server.server.port}/")
+        page.wait_for_function("document.querySelector('#model').textContent.includes('whisper')")
+        for path in (mp2, mp2):  # twice: the second run replaces the first
+            page.set_input_files("#file", str(path))
+            page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')",
+                                   timeout=120_000)
+        text, title = committed_text(page), page.text_content("#title")
+        downloads = {}
+        for fmt in ("srt", "json"):
+            page.select_option("#format", fmt)
+            with page.expect_download() as info:
+                page.click("#download")
+            downloads[fmt] = Path(info.value.path()).read_text()
+        page.set_input_files("#file", str(junk))
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('cannot')")
+        status, after = page.text_content("#status"), committed_text(page)
+        screenshot(page, "web-server-upload.png")
+        chromium.close()
+    metrics = server.server.metrics
+    assert metrics.value("voxtide_uploads_total", endpoint="listen", outcome="ok") == uploads + 2
+    assert error_rate(reference, text) <= 0.15, text
+    assert title == "speech.mp2" and after == ""
+    assert "cannot read this audio" in status, status
+    segments = json.loads(downloads["json"])["segments"]
+    assert " ".join(s["text"] for s in segments) == text
+    blocks = downloads["srt"].strip().split("\n\n")
+    assert len(blocks) == len(segments) and blocks[0].split("\n")[0] == "1"
+    assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", blocks[0].split("\n")[1])

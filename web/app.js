@@ -1,7 +1,10 @@
 // Voxtide page: microphone or file -> 16 kHz PCM16 frames over /v1/listen -> transcript.
 //
 // Committed text (final results, never revised) is shown with its start time; the tentative
-// tail (the latest partial) is shown apart and replaced by each new partial. Frames go out
+// tail (the latest partial) is shown apart and replaced by each new partial. Each run (a
+// microphone session or a file) is a transcript of its own, which can be copied or
+// downloaded as text, SRT, WebVTT or JSON. A file the browser cannot decode is sent to the
+// server's pre-recorded endpoint (POST /v1/listen), which reads any container ffmpeg reads. Frames go out
 // only while the socket's bufferedAmount is under HIGH_WATER (backpressure: the rest waits
 // here, nothing is dropped). A dropped connection is resumed with the session's resume
 // token: the server says how much audio it has, and the frames after that are sent again.
@@ -73,10 +76,12 @@ class ListenStream {
     } else if (m.type === "Results") {
       this.lastSeq = Math.max(this.lastSeq, m.seq);
       this.view.result(m);
-    } else if (m.type === "Warning" || m.type === "Error") {
-      this.view.notice(`${m.code}: ${m.description}`);
+    } else if (m.type === "Warning") {
+      this.view.warning(m);
+    } else if (m.type === "Error") {
+      this.view.notice(`error: ${m.description}`);
     } else if (m.type === "Metadata") {
-      this.view.status(`done: ${clock(m.duration * 1000)} transcribed`);
+      this.view.done(`done: ${clock(m.duration * 1000)} transcribed`);
     }
   }
 
@@ -128,6 +133,59 @@ class ListenStream {
   }
 }
 
+function subtitleClock(seconds, decimal) {
+  const ms = Math.max(0, Math.round(seconds * 1000));
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  const h = Math.floor(ms / 3600000), m = Math.floor(ms / 60000) % 60, s = Math.floor(ms / 1000) % 60;
+  return `${pad(h)}:${pad(m)}:${pad(s)}${decimal}${pad(ms % 1000, 3)}`;
+}
+
+// The current run's transcript: its final segments, shown and exported.
+const transcript = {
+  title: "",
+  segments: [], // {start, end, text, words: [{word, start, end, confidence}]}
+
+  begin(title) {
+    this.title = title;
+    this.segments = [];
+    $("committed").textContent = "";
+    $("tentative").textContent = "";
+    $("title").textContent = title;
+    $("notice").hidden = true;
+    this.buttons();
+  },
+  add(segment) {
+    if (!segment.text) return;
+    this.segments.push(segment);
+    const span = document.createElement("span");
+    span.className = "final";
+    const time = document.createElement("time");
+    time.textContent = clock(segment.start * 1000);
+    span.append(time, `${segment.text} `);
+    $("committed").append(span);
+    this.buttons();
+  },
+  buttons() {
+    const empty = this.segments.length === 0;
+    $("copy").disabled = $("download").disabled = empty;
+    $("clear").disabled = empty && !this.title;
+  },
+  text() {
+    return this.segments.map((s) => s.text).join(" ");
+  },
+  export(format) {
+    const cues = (decimal) => this.segments.map((s) =>
+      `${subtitleClock(s.start, decimal)} --> ${subtitleClock(s.end, decimal)}\n${s.text}\n`);
+    if (format === "srt") return cues(",").map((c, i) => `${i + 1}\n${c}`).join("\n");
+    if (format === "vtt") return ["WEBVTT\n", ...cues(".")].join("\n");
+    if (format === "json") {
+      return JSON.stringify({ title: this.title, model: $("model").dataset.name || null,
+                              segments: this.segments }, null, 2);
+    }
+    return this.text() + "\n";
+  },
+};
+
 const view = {
   status(text, kind = "") {
     $("status").textContent = text;
@@ -137,20 +195,29 @@ const view = {
     $("notice").textContent = text;
     $("notice").hidden = false;
   },
+  warning(m) {
+    if (m.code === "rate_limited") {
+      const behind = Math.round((m.backlog_ms || 0) / 1000);
+      this.notice(`The server is busy: the transcript is running about ${behind} s behind the audio.`);
+    } else {
+      this.notice(m.description);
+    }
+  },
+  done(text) {
+    this.status(text);
+    $("notice").hidden = true; // a warning about the run is over with it
+  },
   result(m) {
     const alternative = m.channel.alternatives[0];
     if (m.is_final) {
       if (alternative.transcript) {
-        const span = document.createElement("span");
-        span.className = "final";
-        const time = document.createElement("time");
-        time.textContent = clock(alternative.words[0].start * 1000);
-        span.append(time, `${alternative.transcript} `);
-        $("committed").append(span);
+        const words = alternative.words;
+        transcript.add({ start: words[0].start, end: words[words.length - 1].end,
+                         text: alternative.transcript, words });
       }
-    } else {
-      $("tentative").textContent = alternative.transcript;
+      if (!m.speech_final) return;
     }
+    $("tentative").textContent = m.is_final ? "" : alternative.transcript;
   },
 };
 
@@ -166,6 +233,7 @@ async function startMicrophone() {
     const context = new AudioContext();
     await context.audioWorklet.addModule("/worklet.js");
     const node = new AudioWorkletNode(context, "voxtide-capture", { processorOptions: { frameMs: FRAME_MS } });
+    transcript.begin(`microphone, ${new Date().toLocaleTimeString()}`);
     const listen = new ListenStream(view);
     node.port.onmessage = (e) => listen.send(new Int16Array(e.data.pcm));
     const mute = new GainNode(context, { gain: 0 }); // keeps the graph pulled, plays nothing
@@ -194,11 +262,34 @@ async function stopMicrophone() {
   $("start").disabled = false;
 }
 
-async function transcribeFile(file) {
-  view.status(`decoding ${file.name}...`);
+async function decodeInBrowser(file) {
   const context = new AudioContext();
-  const audio = await context.decodeAudioData(await file.arrayBuffer());
-  await context.close();
+  try {
+    return await context.decodeAudioData(await file.arrayBuffer());
+  } catch {
+    return null; // not a format this browser decodes
+  } finally {
+    await context.close();
+  }
+}
+
+async function transcribeFile(file) {
+  $("file").disabled = true;
+  transcript.begin(file.name);
+  view.status(`decoding ${file.name}...`);
+  try {
+    const audio = await decodeInBrowser(file);
+    if (audio) await streamFile(audio);
+    else await uploadFile(file);
+  } catch (err) {
+    view.status(`cannot transcribe ${file.name}: ${err.message}`, "error");
+  } finally {
+    $("file").disabled = false;
+    $("file").value = "";
+  }
+}
+
+async function streamFile(audio) {
   const mono = new Float32Array(audio.length); // channels averaged
   for (let c = 0; c < audio.numberOfChannels; c++) {
     audio.getChannelData(c).forEach((v, i) => (mono[i] += v / audio.numberOfChannels));
@@ -218,6 +309,51 @@ async function transcribeFile(file) {
   $("tentative").textContent = "";
 }
 
+// The server decodes the file (POST /v1/listen, Deepgram's pre-recorded API) and answers
+// with its utterances once all of it is transcribed.
+async function uploadFile(file) {
+  view.status(`transcribing ${file.name} on the server...`, "live");
+  const headers = $("key").value ? { Authorization: `Token ${$("key").value}` } : {};
+  const response = await fetch("/v1/listen?punctuate=true&utterances=true", { method: "POST", headers, body: file });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.err_msg || `HTTP ${response.status}`);
+  for (const u of body.results.utterances || []) {
+    transcript.add({ start: u.start, end: u.end, text: u.transcript, words: u.words });
+  }
+  view.done(`done: ${clock(body.metadata.duration * 1000)} transcribed`);
+}
+
+function download() {
+  const format = $("format").value;
+  const types = { txt: "text/plain", srt: "application/x-subrip", vtt: "text/vtt", json: "application/json" };
+  const blob = new Blob([transcript.export(format)], { type: `${types[format]};charset=utf-8` });
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(blob);
+  link.download = `${(transcript.title || "transcript").replace(/[^\w.-]+/g, "_")}.${format}`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+}
+
+async function showModel() {
+  try {
+    const health = await (await fetch("/healthz")).json();
+    $("model").dataset.name = health.model;
+    $("model").textContent = `model: ${health.model} (${health.device})`;
+  } catch {
+    $("model").textContent = "";
+  }
+}
+
 $("start").onclick = startMicrophone;
 $("stop").onclick = stopMicrophone;
 $("file").onchange = (e) => e.target.files[0] && transcribeFile(e.target.files[0]);
+$("copy").onclick = async () => {
+  await navigator.clipboard.writeText(transcript.text());
+  view.status("copied");
+};
+$("download").onclick = download;
+$("clear").onclick = () => {
+  transcript.begin("");
+  view.status("idle");
+};
+showModel();
