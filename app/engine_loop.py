@@ -140,12 +140,13 @@ class EngineLoop:
 
     async def _execute(self, step: StepInput) -> RunnerOutput:
         """Run the step in a worker thread; meanwhile apply the commands that come in, and
-        when one makes a final due while the step has partials only, give that step up (its
-        sessions get their next partial later): a final waits for at most one decoder call,
-        not for a batch of partials."""
+        when one makes a final due while the step has partials only (or a background file's
+        windows), give that step up (its sessions get their next partial later, the file its
+        window, drafted from the tokens so far): a final waits for at most one decoder call,
+        not for a batch of partials or a file's decode."""
         engine = self.engine
         running = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
-        has_final = any(w.final for w in step.scheduled.windows)  # (a background final too)
+        has_final = any(w.final and not w.background for w in step.scheduled.windows)
         while True:
             if self.commands:
                 touched = self._apply_commands()

@@ -40,6 +40,7 @@ the finals after `last_seq`, then the current partial, and the stream goes on.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -126,12 +127,18 @@ def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions 
         vad_events=flag(params, "vad_events"), voxtide_events=flag(params, "voxtide_events"))
 
 
+def plain_word(word: Word) -> str:
+    """A word as Deepgram writes it without punctuation: lowercase, no punctuation around it
+    ("cold-hearted" and "don't" keep theirs inside)."""
+    return re.sub(r"^[^\w']+|[^\w']+$", "", word.text.strip().lower())
+
+
 def deepgram_words(words: list[Word], punctuate: bool) -> list[dict[str, Any]]:
     """Deepgram's words: lowercase without punctuation, and `punctuated_word` as decoded."""
-    return [{"word": w.key, "start": w.start_ms / 1000, "end": w.end_ms / 1000,
+    return [{"word": plain_word(w), "start": w.start_ms / 1000, "end": w.end_ms / 1000,
              "confidence": round(w.probability or 0.0, 4),
              **({"punctuated_word": w.text.strip()} if punctuate else {})}
-            for w in words if w.key]
+            for w in words if plain_word(w)]
 
 
 def model_metadata(model_name: str) -> dict[str, Any]:
@@ -318,7 +325,7 @@ class ListenSession(Session):
         end = max(start, end_ms if end_ms is not None else (words[-1].end_ms if words else start))
         punctuate = self.options.punctuate
         alternative = {
-            "transcript": text_of(words) if punctuate else " ".join(w.key for w in words if w.key),
+            "transcript": text_of(words) if punctuate else " ".join(filter(None, map(plain_word, words))),
             "confidence": round(sum(w.probability or 0.0 for w in words) / len(words), 4) if words else 0.0,
             "words": deepgram_words(words, punctuate)}
         return {"type": "Results", "channel_index": [0, 1], "duration": (end - start) / 1000,

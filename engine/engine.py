@@ -241,7 +241,8 @@ class Engine:
         them and leave it where it was."""
         self.hear()
         streams = self.streams
-        return any(rid in streams and (streams[rid].request.due_number or 0) > self.num_due_at_schedule
+        return any(rid in streams and not streams[rid].request.background
+                   and (streams[rid].request.due_number or 0) > self.num_due_at_schedule
                    for rid in request_ids)
 
     def has_work(self) -> bool:

@@ -185,17 +185,17 @@ class ModelRunner:
         and previews each as one batch (their padded lengths differ). A window's draft (its
         previous decode) is verified instead of generated token by token.
 
-        A step of partials only is given up once `stop()` says so (asked before each
-        transformer and decoder call): the windows whose decode had not finished are then
-        `cancelled`, with the tokens decoded so far. The new items are encoded all the same
+        A step of partials (and background windows) only is given up once `stop()` says so
+        (asked before each transformer and decoder call): the windows whose decode had not
+        finished are then `cancelled`, with the tokens decoded so far. The new items are encoded all the same
         (the encoder cache counts on them)."""
         calls, items = self.encode_items(inp)
         cache = self.processor_cache
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(inp.windows),
                               processor_counts=(cache.num_queries, cache.num_hits))
-        if any(w.window.final for w in inp.windows):
-            stop = None  # a step with finals runs to its end
+        if any(w.window.final and not w.window.background for w in inp.windows):
+            stop = None  # a step with live finals runs to its end
         return self._run_windows(inp.windows, result, stop)
 
     def _run_windows(self, inputs: list[WindowInput], result: RunnerOutput,

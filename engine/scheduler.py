@@ -34,7 +34,8 @@ class SchedulerConfig:
     # whole window. The engine sets it to what cannot commit yet (EngineConfig.preview_pad_seconds).
     preview_positions: int = 0
     # a step with a final window takes no partials: a final's latency is its own step's time
-    # (plus the step it waited for), not that of a batch of partials behind it
+    # (plus the step it waited for), not that of a batch of partials behind it; a background
+    # file's window then has a step of its own
     finals_alone: bool = True
     # final windows per step (None: up to max_num_seqs). On the CPU a batch of windows costs
     # the sum of their encoder passes, so the first final of a batch waits for the last;
@@ -54,6 +55,8 @@ class ScheduledWindow:
     speech: bool = True  # False: no item in the window was speech (for a final: none since the
     # last final); it is not decoded (Whisper makes " you" of a breath), and commits nothing new
     commits_whole: bool = False  # its decode is committed with no agreement check (engine/commit.py)
+    # a background file's window: optional work, given up like a partial for a live final
+    background: bool = False
 
 
 @dataclass
@@ -122,8 +125,8 @@ class Scheduler:
         """Pick this step's windows among `requests` (the engine's sessions): final windows
         first (they are what a client waits for), oldest first, then partials round-robin,
         then background files. A background window is optional work like a partial: it
-        counts against max_partials and never joins a step with a live final, so a live
-        final never waits for a file's decode."""
+        counts against max_partials, and where finals go alone (the CPU) it has a step of
+        its own, which the engine loop gives up when a live final falls due."""
         windows: list[ScheduledWindow] = []
         encoder_inputs: dict[str, list[int]] = {}
         budget = self.config.encoder_budget
@@ -143,6 +146,8 @@ class Scheduler:
             if optional and (num_partials >= self.config.max_partials or (
                     self.config.finals_alone and num_finals)):
                 break  # live finals come first in `order`: only optional work is left
+            if request.background and windows and self.config.finals_alone:
+                break  # a file's window has a step of its own: it delays no live window
             if not optional and num_finals >= max_finals:
                 continue  # the next step's (its final stays due, and first in order)
             window = self._window(request, partial)
@@ -189,7 +194,8 @@ class Scheduler:
         heard = max(start, request.preview_start) if final else start
         speech = request.last_speech_end > heard or not self.config.decode_only_speech
         return ScheduledWindow(request.request_id, start, end, lo, hi, final, preview, speech,
-                               commits_whole(start, end, final, self.config.decode_interval))
+                               commits_whole(start, end, final, self.config.decode_interval),
+                               request.background)
 
     def _allocate(self, request: Request, new: range) -> bool:
         """Encoder-cache entries for the items `new`; False (and nothing taken) when the

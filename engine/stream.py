@@ -239,6 +239,8 @@ class Stream:
         request = self.request
         if request.output_token_ids and request.output_token_ids[-1] == -1:
             return
+        if request.flush_position:  # a flush's final ends at it: it comes first
+            return
         committed = self.policy.committed_end_ms
         start = max(positions_to_ms(request.window_start), committed)
         onset = self.speech.next_speech(start + SPEECH_TAIL_MS)

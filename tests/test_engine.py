@@ -393,6 +393,32 @@ def test_a_partials_only_step_is_given_up_when_asked_and_a_final_step_is_not():
     assert "married" in normalize("".join(w.text for w in out.committed))
 
 
+def test_a_background_files_final_is_given_up_like_a_partial_and_redone():
+    """A step of a file's windows is given up for a live final too; the file's final stays
+    due and is decoded in a later step."""
+    samples = audio(librivox_path("0920")).numpy()
+    engine = Engine(bundle(), EngineConfig())
+    engine.add_request("file", background=True)
+    engine.add_audio("file", samples)
+    engine.finish("file")
+    step = engine.schedule()
+    (window,) = step.scheduled.windows
+    assert window.final and window.background
+    engine.stop_partials.set()
+    output = engine.execute(step)
+    assert [r.cancelled for r in output.results] == [True]
+    assert engine.update_from_output(output) == []
+    step = engine.schedule()  # still due
+    assert [w.final for w in step.scheduled.windows] == [True]
+    (out,) = engine.update_from_output(engine.execute(step))
+    assert out.finished and "married" in normalize("".join(w.text for w in out.committed))
+    for rid, background in (("live", False), ("file", True)):  # finals that fall due now
+        engine.add_request(rid, background=background)
+        engine.add_audio(rid, samples[:16000])
+        engine.finish(rid)
+    assert engine.final_fell_due(["live"]) and not engine.final_fell_due(["file"])
+
+
 async def test_the_engine_loop_gives_up_a_partials_step_for_a_final_that_falls_due():
     """Commands are applied while a step runs; a finish (a final due) stops the partials."""
     samples = audio(librivox_path("0920")).numpy()

@@ -394,7 +394,7 @@ def test_partials_per_step_are_limited_but_finals_are_not():
     assert step() == [("c", True), ("d", True), ("a", False)]  # finals and one partial
 
 
-def test_a_background_file_never_joins_a_step_with_a_live_final():
+def test_a_background_file_waits_for_live_work_and_steps_alone():
     scheduler = Scheduling(SchedulerConfig(max_partials=2, decode_interval=4))
     file, live, other = make_request("file", 30), make_request("live", 10), make_request("other", 10)
     file.background, file.endpoints = True, deque([40, 80])  # a backlog of finals, due first
@@ -405,14 +405,18 @@ def test_a_background_file_never_joins_a_step_with_a_live_final():
     step = partial(schedule_in_flight, scheduler)
 
     assert step() == [("live", True)]  # the file's finals fell due first, yet wait
-    assert step() == [("other", False), ("file", True)]  # optional work: a partial and the file
+    assert step() == [("other", False)]  # a live partial: the file does not join it
+    assert step() == [("file", True)]  # nothing live is ready: the file's step
     for request in (file, other):
         fill_placeholders(request.output_token_ids, [0])
     scheduler.advance_window(file, 40)
     other.endpoints.append(40)
     assert step() == [("other", True)]  # the file's next final waits again
-    fill_placeholders(live.output_token_ids, [0])
+    scheduler.config.finals_alone = False  # (a GPU) a file's window joins live ones
+    for request in (live, other):
+        fill_placeholders(request.output_token_ids, [0])
     scheduler.advance_window(live, 20)
+    scheduler.advance_window(other, 40)
     add_items(live, 2)
     assert step() == [("live", False), ("file", True)]
     scheduler.config.max_partials = 1
@@ -420,7 +424,6 @@ def test_a_background_file_never_joins_a_step_with_a_live_final():
     fill_placeholders(file.output_token_ids, [0])
     add_items(live, 2)
     assert step() == [("live", False)]  # the file counts against max_partials, last
-    assert step() == [("file", True)]  # and runs alone when nothing live is ready
 
 
 def words(text: str, start_ms: int = 0, step_ms: int = 300) -> list[Word]:

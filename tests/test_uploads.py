@@ -130,7 +130,7 @@ async def test_deepgram_sdk_transcribes_containers_and_raw_pcm(tmp_path):
         assert list(metadata.model_info) == metadata.models
         assert error_rate(reference, alternative.transcript) < 0.2, alternative.transcript
         words = alternative.words or []
-        assert all(w.word == re.sub(r"[^\w']", "", w.punctuated_word.lower()) for w in words)
+        assert all(w.word == re.sub(r"^[^\w']+|[^\w']+$", "", w.punctuated_word.lower()) for w in words)
         assert 0 < alternative.confidence <= 1 and all(0 < w.confidence <= 1 for w in words)
         utterances = result.results.utterances or []
         assert len(utterances) == 2 and abs(utterances[1].start - second_start) < 0.4
@@ -194,7 +194,7 @@ async def test_bad_uploads_get_clear_4xx_answers(tmp_path):
             assert r.status_code == 405
 
             for query, body, problem in (("multichannel=true", wav, "multichannel"),
-                                         ("encoding=opus&sample_rate=48000", wav, "opus"),
+                                         ("encoding=speex&sample_rate=16000", wav, "speex"),
                                          ("encoding=linear16", wav, "sample_rate"),
                                          ("", b"\x00" * 5000, "cannot read this audio")):
                 r = await http.post(f"/v1/listen?{query}", content=body, headers=auth)

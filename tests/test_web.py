@@ -235,7 +235,7 @@ def test_files_the_browser_cannot_decode_go_to_the_server_each_run_its_own(serve
     assert title == "speech.mp2" and after == ""
     assert "cannot read this audio" in status, status
     segments = json.loads(downloads["json"])["segments"]
-    assert " ".join(s["text"] for s in segments) == text
+    assert " ".join(s["text"] for s in segments).split() == text.split()
     blocks = downloads["srt"].strip().split("\n\n")
     assert len(blocks) == len(segments) and blocks[0].split("\n")[0] == "1"
     assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", blocks[0].split("\n")[1])
