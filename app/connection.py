@@ -3,12 +3,16 @@ codes every protocol uses.
 
 The ASGI server (uvicorn) owns the socket; `Connection` wraps Starlette's WebSocket so that
 sessions get one exception for every way a connection ends, and know whether it dropped
-(no close frame from the client) or was closed.
+(no close frame from the client) or was closed. Every send and close has a deadline: a
+client that stops reading fills the socket's buffers, and a send then waits for it forever
+(uvicorn waits until the socket is writable again). Past the deadline the connection is cut
+(`kill`, from the server, which owns the transport) and counts as dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -30,10 +34,14 @@ class Disconnected(Exception):
 
 
 class Connection:
-    def __init__(self, ws: WebSocket):
+    def __init__(self, ws: WebSocket, send_timeout_s: float = 60.0,
+                 kill: Callable[[], None] | None = None):
+        """`kill` cuts the connection's transport at once (no close frame)."""
         self.ws = ws
         self.client = ws.client  # (host, port) of the peer
         self.closed_by_server = False
+        self.send_timeout_s = send_timeout_s
+        self.kill = kill or (lambda: None)
 
     async def recv(self) -> bytes | str:
         """The next message; Disconnected when the connection is over."""
@@ -52,7 +60,10 @@ class Connection:
         if self.ws.application_state != WebSocketState.CONNECTED:
             raise Disconnected(CLOSE_NORMAL, dropped=False)
         try:
-            await self.ws.send_text(text)
+            await asyncio.wait_for(self.ws.send_text(text), self.send_timeout_s)
+        except TimeoutError:
+            self.kill()  # the client stopped reading
+            raise Disconnected(1006, dropped=True) from None
         except (WebSocketDisconnect, OSError, RuntimeError) as e:
             raise Disconnected(getattr(e, "code", 1006), dropped=True) from e
 
@@ -61,7 +72,10 @@ class Connection:
             return
         self.closed_by_server = True
         try:
-            await self.ws.close(code, reason.encode()[:123].decode(errors="ignore"))  # (the limit)
+            await asyncio.wait_for(self.ws.close(code, reason.encode()[:123].decode(errors="ignore")),
+                                   self.send_timeout_s)  # (123 bytes: the limit of a close reason)
+        except TimeoutError:
+            self.kill()
         except (WebSocketDisconnect, OSError, RuntimeError):
             pass
 

@@ -316,7 +316,7 @@ class Server:
         params = await self._handshake(ws, check, "listen")
         if params is None:
             return
-        conn = Connection(ws)
+        conn = self._connection(ws)
         if isinstance(params, dict):
             await self._resume(conn, params["resume_token"], params["last_seq"])
         elif await self._admit(conn):
@@ -326,10 +326,23 @@ class Server:
         rate = await self._handshake(ws, lambda: query_rate(dict(ws.query_params), OPENAI_RATE), "realtime")
         if rate is None:
             return
-        conn = Connection(ws)
+        conn = self._connection(ws)
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")  # the beta API's events
         if await self._admit(conn):
             await self._run(RealtimeSession(conn, self.ctx, rate, beta), conn)
+
+    def _connection(self, ws: WebSocket) -> Connection:
+        """The session's connection: sends wait at most the idle timeout for a client that
+        does not read, then its transport is cut."""
+        peer = tuple(ws.client or ())
+
+        def kill() -> None:
+            # uvicorn keeps its connections' protocols here; ASGI has no way to cut one
+            for protocol in list(self.http.server_state.connections if self.http else ()):
+                if getattr(protocol, "client", None) == peer:
+                    protocol.transport.abort()
+
+        return Connection(ws, self.config.idle_timeout_s, kill)
 
     async def _admit(self, conn: Connection) -> bool:
         """A new session, unless at capacity or overloaded (then closed with 1013)."""

@@ -42,10 +42,7 @@ async def running_server(tmp_path: Path, engine_config: EngineConfig | None = No
 def drop_server_side(server: Server, session: Session) -> None:
     """Cut a session's TCP connection on the server side, with no close frame (run this on
     the server's event loop)."""
-    assert server.http is not None
-    for protocol in list(server.http.server_state.connections):
-        if getattr(protocol, "client", None) == tuple(session.ws.client or ()):
-            protocol.transport.abort()
+    session.ws.kill()
 
 
 async def wait_until(condition, seconds: float = 300.0) -> None:

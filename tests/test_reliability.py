@@ -1,6 +1,7 @@
 """Reliability on the real model: resume, overload, disconnect storms (fuzzing: test_fuzz.py)."""
 
 import asyncio
+import contextlib
 import gc
 import json
 import weakref
@@ -12,7 +13,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from app.replay import result_words, transcript
 from engine.config import EngineConfig
 from tests.helpers import concatenated, librivox_path, transcripts
-from tests.server_client import pcm16_at, running_server, url, wait_until
+from tests.server_client import listen, pcm16_at, running_server, url, wait_until
 from tests.test_server import clip, error_rate
 
 CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
@@ -181,3 +182,32 @@ async def test_disconnect_storm_leaves_nothing_behind(tmp_path):
         # the drained text is stored, not lost
         stored = [server.store.read(h["session_id"]) for h in hellos]
     assert sum(bool(records) for records in stored) >= 0.9 * num
+
+
+async def test_a_client_that_stops_reading_is_cut_at_the_idle_timeout(tmp_path):
+    """A client sends junk and never reads the error replies: once the socket's buffers are
+    full the server's send waits, at most the idle timeout, then the connection is cut, the
+    session ends (its audio into the store) and its slot is free for a normal client."""
+    samples, reference = clip("0930")
+    async with running_server(tmp_path, idle_timeout_s=3.0, max_sessions=1, resume_grace_s=0) as server:
+        # max_queue=1: the client stops reading its socket once one message waits
+        ws = await connect(url(server, "/v1/listen?encoding=linear16"), max_queue=1)
+        await ws.send(pcm16_at(samples, 16000))
+
+        async def flood() -> None:
+            junk = json.dumps({"type": "Dance"})
+            with contextlib.suppress(ConnectionClosed):
+                for _ in range(100_000):  # ~15 MB of error replies: more than the buffers hold
+                    await ws.send(junk)
+
+        flooding = asyncio.create_task(flood())
+        await wait_until(lambda: not server.sessions, 40)  # (without a deadline: never)
+        flooding.cancel()
+        with pytest.raises(ConnectionClosed):  # cut: what it had not read is gone
+            for _ in range(200_000):
+                await asyncio.wait_for(ws.recv(), 10)
+        stored = [json.loads(line) for f in (tmp_path / "data").glob("*.jsonl")
+                  for line in f.read_text().splitlines()]
+        assert error_rate(reference, " ".join(r["text"] for r in stored)) <= 0.2, stored
+        messages, _ = await listen(server, clip("0890")[0])  # the slot is free again
+        assert any(m["type"] == "Results" and m["is_final"] for m in messages)
