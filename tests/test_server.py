@@ -565,3 +565,28 @@ async def test_hostile_json_gets_bounded_error_events_and_no_traceback(tmp_path,
             assert codes[:3] == ["invalid_json"] * 3 and "internal_error" not in codes, codes
             assert all(len(json.dumps(e)) < 1500 for e in errors), [len(json.dumps(e)) for e in errors]
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.records
+
+
+def _raw_http(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+async def test_http_methods_head_and_pipelining(tmp_path):
+    """Only GET (and HEAD, without a body) on the read-only routes; pipelined requests are
+    each answered in turn."""
+    async with running_server(tmp_path) as server:
+        ask = lambda request: asyncio.to_thread(_raw_http, server.port, request)  # noqa: E731
+        for method, path in (("POST", "/healthz"), ("DELETE", "/metrics"), ("PUT", "/v1/models")):
+            out = await ask(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                            "Connection: close\r\n\r\n".encode())
+            assert out.startswith(b"HTTP/1.1 405 "), out[:80]
+        head = await ask(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")  # no body
+        two = await ask(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert two.count(b"HTTP/1.1 200 ") == 2 and two.count(b'"status": "ok"') == 2
