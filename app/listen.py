@@ -299,9 +299,9 @@ class ListenSession(Session):
         if words:
             self.num_finals += 1
             self.last_word_end_ms = words[-1].end_ms
-            self.ctx.store.append(self.id, {"seq": result["seq"], "text": text_of(words),
-                                            "start_ms": words[0].start_ms, "end_ms": words[-1].end_ms,
-                                            "words": words_json(words)})
+            await self.store({"seq": result["seq"], "text": text_of(words),
+                              "start_ms": words[0].start_ms, "end_ms": words[-1].end_ms,
+                              "words": words_json(words)})
         if len(self.finals) == REPLAY_FINALS:
             self.evicted_seq = self.finals[0]["seq"]
         self.finals.append(result)

@@ -50,6 +50,9 @@ class Metrics:
                                ["endpoint", "outcome"], registry=r)
         self.upload_audio_seconds = Counter("voxtide_upload_audio_seconds",
                                             "Audio of files transcribed over HTTP (s)", registry=r)
+        self.store_failures = Counter("voxtide_store_failures",
+                                      "Finals the transcript store could not write when they came "
+                                      "(kept and written later)", registry=r)
         self.client_errors = Counter("voxtide_client_errors", "Error events sent to clients, by code",
                                      ["code"], registry=r)
         self.first_partial = Histogram("voxtide_time_to_first_partial_seconds",

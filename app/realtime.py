@@ -354,9 +354,8 @@ class RealtimeSession(Session):
         self.items.remove(item)
         transcript = text_of(item.words)
         assert item.end_ms is not None
-        self.ctx.store.append(self.id, {"item_id": item.id, "text": transcript,
-                                        "start_ms": item.start_ms, "end_ms": item.end_ms,
-                                        "words": words_json(item.words)})
+        await self.store({"item_id": item.id, "text": transcript, "start_ms": item.start_ms,
+                          "end_ms": item.end_ms, "words": words_json(item.words)})
         usage = {"type": "duration", "seconds": round((item.end_ms - item.start_ms) / 1000, 3)}
         await self.emit("conversation.item.input_audio_transcription.completed", item_id=item.id,
                         content_index=0, transcript=transcript, usage=usage)

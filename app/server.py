@@ -57,6 +57,7 @@ STATIC_FILES = {  # URL path -> file in web/; nothing else is served from disk
     "/sample.wav": "sample.wav",
 }
 OPENAI_KEY_PROTOCOL = "openai-insecure-api-key."  # the browser's way to send an OpenAI key
+STORE_RETRY_S = 5.0  # how often the transcript store tries again to write what it could not
 
 
 class _DenialFilter(logging.Filter):
@@ -110,6 +111,7 @@ class Server:
                                  engine.bundle.name, engine.bundle.tokenizer.multilingual)
         self.sessions: dict[str, Session] = {}
         self.http: uvicorn.Server | None = None
+        self.store_task: asyncio.Task | None = None
         self.started_at = int(time.time())
         self._add_gauges()
 
@@ -122,6 +124,8 @@ class Server:
                 lambda: max((self._lag(s) for s in self.sessions.values()), default=0.0))
         m.gauge("voxtide_session_backlog_max_seconds",
                 "The largest backlog now: audio received but not yet decoded", self.loop.max_backlog_s)
+        m.gauge("voxtide_store_pending_records", "Finals waiting for the transcript store to write them",
+                lambda: self.store.num_pending)
         m.gauge("voxtide_sessions_awaiting_resume", "Dropped sessions waiting for a resume",
                 lambda: sum(not s.connected and not s.finishing for s in self.ctx.resumable.values()))
         cache = engine.scheduler.encoder_cache
@@ -154,8 +158,17 @@ class Server:
         routes += [Route(path, self.static) for path in STATIC_FILES]
         return Starlette(routes=routes)
 
+    async def _retry_store(self) -> None:
+        """Write what the transcript store could not, every few seconds (a disk that filled
+        up and was freed)."""
+        while True:
+            await asyncio.sleep(STORE_RETRY_S)
+            if self.store.pending:
+                self.store.retry()
+
     async def start(self) -> None:
         self.loop.start()
+        self.store_task = asyncio.create_task(self._retry_store(), name="store-retry")
         config = uvicorn.Config(
             self._app(), self.config.host, self.config.port, ws="websockets-sansio",
             ws_max_size=self.config.max_message_bytes,
@@ -189,6 +202,11 @@ class Server:
                     await session.ws.close(CLOSE_GOING_AWAY, "server shutting down")
             await self.http.shutdown()
         await self.loop.stop()
+        if self.store_task is not None:
+            self.store_task.cancel()
+        if not self.store.retry():
+            log.error("transcript store: %d finals could not be written (%s)", self.store.num_pending,
+                      self.store.failure)
         self.engine.close()
 
     async def serve_forever(self) -> None:
@@ -214,10 +232,13 @@ class Server:
     # ------------------------------------------------------------------ HTTP
 
     async def healthz(self, request: Request) -> Response:
-        healthy = self.engine.healthy
-        body = {"status": "ok" if healthy else "model worker exited", "model": self.ctx.model_name,
+        healthy, failure = self.engine.healthy, self.store.failure
+        state = "ok" if healthy and failure is None else "model worker exited" if not healthy else "degraded"
+        body = {"status": state, "model": self.ctx.model_name,
                 "sessions": len(self.sessions), "device": str(self.engine.bundle.device)}
-        status = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
+        if failure is not None:
+            body["reason"] = f"transcript store: {failure}"
+        status = HTTPStatus.OK if state == "ok" else HTTPStatus.SERVICE_UNAVAILABLE
         return Response(json.dumps(body), status.value, media_type="application/json",
                         headers={"Cache-Control": "no-store"})
 

@@ -121,6 +121,7 @@ class Session:
         self.finishing = False  # no resume any more: the rest is being transcribed
         self.ended = False
         self.resume_token: str | None = None
+        self.store_warned = False  # the client was told the store cannot write now
         if self.resumable and ctx.config.resume_grace_s > 0:
             self.resume_token = secrets.token_urlsafe(24)
             ctx.resumable[self.resume_token] = self
@@ -282,6 +283,20 @@ class Session:
         if not isinstance(message, dict):
             return "message must be a JSON object"
         return message
+
+    async def store(self, record: dict[str, Any]) -> None:
+        """Write a final to the transcript store before it is sent. If the store cannot
+        write now, the record is kept and written later, and the client is told (once, until
+        a write succeeds again)."""
+        if self.ctx.store.append(self.id, record):
+            self.store_warned = False
+            return
+        self.ctx.metrics.store_failures.inc()
+        if not self.store_warned:
+            self.store_warned = True
+            await self.send_error("store_unavailable", "the server cannot write transcripts to disk "
+                                  f"now ({self.ctx.store.failure}); they are kept and written when it "
+                                  "can, and results are still sent")
 
     def ingest(self, samples: torch.Tensor, rate: int | None = None) -> None:
         """(n,) float32 at the session's rate -> the engine (resampled to 16 kHz). A

@@ -1,20 +1,24 @@
 """Reliability on the real model: resume, overload, disconnect storms (fuzzing: test_fuzz.py)."""
 
 import asyncio
+import builtins
 import contextlib
+import errno
 import gc
 import json
 import weakref
 
 import pytest
+import torch
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from app.replay import result_words, transcript
+from app.store import TranscriptStore
 from engine.config import EngineConfig
 from tests.helpers import concatenated, librivox_path, transcripts
 from tests.server_client import listen, pcm16_at, running_server, url, wait_until
-from tests.test_server import clip, error_rate
+from tests.test_server import clip, error_rate, http_get
 
 CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
 
@@ -174,7 +178,7 @@ async def test_disconnect_storm_leaves_nothing_behind(tmp_path):
         cache = engine.scheduler.encoder_cache
         assert cache.request_cached_ids == {} and cache.num_referenced == 0
         assert set(engine.runner.encoder_cache) <= set(cache.cached)  # no orphaned tensors
-        assert server.store.files == {}
+        assert server.store.sizes == {} and server.store.pending == {}  # no per-session state left
         del sockets
         gc.collect()
         assert all(r() is None for r in session_refs), "a Session object outlived its session"
@@ -211,3 +215,67 @@ async def test_a_client_that_stops_reading_is_cut_at_the_idle_timeout(tmp_path):
         assert error_rate(reference, " ".join(r["text"] for r in stored)) <= 0.2, stored
         messages, _ = await listen(server, clip("0890")[0])  # the slot is free again
         assert any(m["type"] == "Results" and m["is_final"] for m in messages)
+
+
+class FullDisk:
+    """`open` for app.store while the disk is full: each write puts half its bytes down, then
+    fails with ENOSPC (as a filling disk does)."""
+
+    def __init__(self) -> None:
+        self.full = True
+
+    def __call__(self, path, mode="r", *args, **kwargs):
+        f = builtins.open(path, mode, *args, **kwargs)
+        if not self.full:
+            return f
+        write = f.write
+
+        def half(data: bytes) -> int:
+            write(data[: len(data) // 2])
+            f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        f.write = half
+        return f
+
+
+def test_a_store_that_cannot_write_keeps_every_record_and_writes_it_later(tmp_path, monkeypatch):
+    disk = FullDisk()
+    store = TranscriptStore(tmp_path)
+    assert store.append("s", {"n": 0})
+    monkeypatch.setattr("app.store.open", disk, raising=False)
+    assert not store.append("s", {"n": 1}) and not store.append("s", {"n": 2})
+    assert "No space left on device" in store.failure and store.num_pending == 2
+    store.close("s")  # the session ends while the disk is full: kept for retry()
+    assert not store.retry()
+    disk.full = False
+    assert store.retry() and store.failure is None and store.num_pending == 0
+    assert store.read("s") == [{"n": 0}, {"n": 1}, {"n": 2}]  # in order, no half lines
+    with pytest.raises(ValueError, match="not writable"):
+        TranscriptStore(tmp_path / "s.jsonl" / "below-a-file")
+
+
+async def test_a_full_disk_is_reported_and_loses_no_final(tmp_path, monkeypatch):
+    """The client is told once and still gets its finals; /healthz says degraded with the
+    reason; a metric counts the failures; once the disk has room, the store has every final."""
+    disk = FullDisk()
+    (first, ref_1), (second, ref_2) = clip("0930"), clip("0890")
+    samples = torch.cat([first, torch.zeros(40000), second])
+    async with running_server(tmp_path) as server:
+        monkeypatch.setattr("app.store.open", disk, raising=False)
+        messages, _ = await listen(server, samples)
+        status, _, body = await http_get(server, "/healthz")
+        assert status == 503 and json.loads(body)["status"] == "degraded"
+        assert "No space left on device" in json.loads(body)["reason"]
+        failures = server.metrics.value("voxtide_store_failures_total")
+        disk.full = False
+        await wait_until(lambda: not server.store.pending, 20)  # the server's retry
+        status, _, _ = await http_get(server, "/healthz")
+        session_id = messages[0]["session_id"]
+        stored = server.store.read(session_id)
+    errors = [m for m in messages if m["type"] == "Error"]
+    assert [e["code"] for e in errors] == ["store_unavailable"]  # once
+    finals = [m for m in messages if m["type"] == "Results" and m["is_final"] and transcript(m)]
+    assert failures == len(finals) >= 2 and status == 200
+    assert [r["text"] for r in stored] == [transcript(m) for m in finals]
+    assert error_rate(f"{ref_1} {ref_2}", " ".join(r["text"] for r in stored)) <= 0.15
