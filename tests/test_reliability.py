@@ -6,6 +6,7 @@ import contextlib
 import errno
 import gc
 import json
+import random
 import weakref
 
 import pytest
@@ -16,8 +17,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from app.replay import result_words, transcript
 from app.store import TranscriptStore
 from engine.config import EngineConfig
+from scripts.corpus import align
+from scripts.wer import normalize
 from tests.helpers import concatenated, librivox_path, transcripts
-from tests.server_client import listen, pcm16_at, running_server, url, wait_until
+from tests.server_client import listen, pcm16_at, receive_all, running_server, url, wait_until
 from tests.test_server import clip, error_rate, http_get
 
 CHUNK = 3200  # bytes: 100 ms of 16 kHz PCM16
@@ -279,3 +282,51 @@ async def test_a_full_disk_is_reported_and_loses_no_final(tmp_path, monkeypatch)
     assert failures == len(finals) >= 2 and status == 200
     assert [r["text"] for r in stored] == [transcript(m) for m in finals]
     assert error_rate(f"{ref_1} {ref_2}", " ".join(r["text"] for r in stored)) <= 0.15
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_finalize_closestream_and_audio_in_any_interleaving(tmp_path, seed):
+    """Audio in frames of random sizes, Finalize at random moments (sometimes twice in a row),
+    then CloseStream (sometimes right after a Finalize): every final is on the wire once and
+    in the store once, finals chain end to end, no passage is lost, and a Finalize is always
+    completed by a final marked from_finalize. (A Finalize inside a word cuts it: its two
+    halves are decoded apart, so the text is worse than without; not lost.)"""
+    rng = random.Random(seed)
+    samples, reference = concatenated([librivox_path(c) for c in ("0930", "0880", "0890")], 0.6)
+    pcm = pcm16_at(samples, 16000)
+    finalizes = 0
+    async with running_server(tmp_path) as server:
+        async with connect(url(server, "/v1/listen?encoding=linear16")) as ws:
+            hello = json.loads(await ws.recv())
+            reader = asyncio.create_task(receive_all(ws))
+            i = 0
+            while i < len(pcm):
+                step = rng.randrange(20, 400) * 32  # 20-400 ms
+                await ws.send(pcm[i : i + step])
+                i += step
+                if rng.random() < 0.08:
+                    for _ in range(rng.choice((1, 1, 2))):
+                        await ws.send(json.dumps({"type": "Finalize"}))
+                        finalizes += 1
+                await asyncio.sleep(rng.choice((0, 0, 0.05)))
+            if rng.random() < 0.5:
+                await ws.send(json.dumps({"type": "Finalize"}))
+                finalizes += 1
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            messages = await reader
+        stored = server.store.read(hello["session_id"])
+    finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
+    spoken = [m for m in finals if transcript(m)]
+    assert [m["start"] for m in finals[1:]] == [round(m["start"] + m["duration"], 3) for m in finals[:-1]]
+    words = [w for m in spoken for w in result_words(m)]
+    assert all(a[1] <= b[0] + 1 for a, b in zip(words, words[1:], strict=False))  # in order, once
+    text = " ".join(transcript(m) for m in spoken)
+    _, matches = align(normalize(reference), normalize(text))
+    missing = max((len(run) for run in "".join("x" if m is None else " " for m in matches).split()),
+                  default=0)
+    assert missing <= 6 and error_rate(reference, text) <= 0.35, text  # (6 words: about 2 s)
+    assert [r["text"] for r in stored] == [transcript(m) for m in spoken]  # the store: the same, once
+    assert [r["seq"] for r in stored] == [m["seq"] for m in spoken]
+    marked = [m for m in finals if m["from_finalize"]]
+    assert (len(marked) >= 1) == (finalizes >= 1) and len(marked) <= finalizes
+    assert messages[-1]["type"] == "Metadata" and messages[-1]["num_finals"] == len(spoken)
