@@ -52,6 +52,7 @@ from urllib.parse import parse_qsl
 import numpy as np
 import torch
 
+from app import deepgram_events as events
 from app.connection import CLOSE_INTERNAL, Connection
 from app.session import ServerContext, Session, clip_text, query_rate, text_of, words_json
 from audio.container import StreamDecoder, is_container
@@ -133,12 +134,25 @@ def plain_word(word: Word) -> str:
     return re.sub(r"^[^\w']+|[^\w']+$", "", word.text.strip().lower())
 
 
-def deepgram_words(words: list[Word], punctuate: bool) -> list[dict[str, Any]]:
+def deepgram_words(words: list[Word], punctuate: bool) -> list[events.DeepgramWord]:
     """Deepgram's words: lowercase without punctuation, and `punctuated_word` as decoded."""
-    return [{"word": plain_word(w), "start": w.start_ms / 1000, "end": w.end_ms / 1000,
-             "confidence": round(w.probability or 0.0, 4),
-             **({"punctuated_word": w.text.strip()} if punctuate else {})}
-            for w in words if plain_word(w)]
+    out = []
+    for w in words:
+        if plain := plain_word(w):
+            word = events.DeepgramWord(word=plain, start=w.start_ms / 1000, end=w.end_ms / 1000,
+                                       confidence=round(w.probability or 0.0, 4))
+            if punctuate:
+                word["punctuated_word"] = w.text.strip()
+            out.append(word)
+    return out
+
+
+def alternative(words: list[Word], punctuate: bool) -> events.Alternative:
+    """The one alternative of a result: its transcript, confidence (the words' mean) and words."""
+    items = deepgram_words(words, punctuate)
+    transcript = text_of(words) if punctuate else " ".join(w["word"] for w in items)
+    confidence = sum(w["confidence"] for w in items) / len(items) if items else 0.0
+    return events.Alternative(transcript=transcript, confidence=round(confidence, 4), words=items)
 
 
 def model_metadata(model_name: str) -> dict[str, Any]:
@@ -174,10 +188,10 @@ class ListenSession(Session):
         self.controls: dict[str, Callable[[], Awaitable[None]]] = {
             "KeepAlive": self._keep_alive, "Finalize": self._finalize, "CloseStream": self._close_stream}
 
-    def _connected(self) -> dict[str, Any]:
-        return {"type": "Connected", "session_id": self.id, "resume_token": self.resume_token,
-                "sample_rate": self.resampler.rate, "encoding": self.encoding,
-                "model": self.ctx.model_name}
+    def _connected(self) -> events.Connected:
+        return events.Connected(type="Connected", session_id=self.id, resume_token=self.resume_token,
+                                sample_rate=self.resampler.rate, encoding=self.encoding,
+                                model=self.ctx.model_name)
 
     async def on_open(self) -> None:
         if self.options.voxtide_events:
@@ -188,9 +202,10 @@ class ListenSession(Session):
         if self.evicted_seq > last_seq:
             await self.send_error("resume_gap", f"finals up to seq {self.evicted_seq} are no longer "
                                   "kept for a resume; they are in the server's transcript store")
-        await self.send({**self._connected(), "resumed": True, "last_seq": self.seq,
-                         "audio_received_samples": self.num_received,
-                         "audio_received_ms": samples_to_ms(self.num_received, self.resampler.rate)})
+        resumed = self._connected()
+        resumed.update(resumed=True, last_seq=self.seq, audio_received_samples=self.num_received,
+                       audio_received_ms=samples_to_ms(self.num_received, self.resampler.rate))
+        await self.send(resumed)
         for final in missed:
             await self.send(final)
         if self.partial and self.options.interim_results:
@@ -217,7 +232,7 @@ class ListenSession(Session):
             await self.send_error("invalid_audio", self.decode_error, variant="DataError")
             self.decode_error = ""  # once
         for ms in self.speech_starts:
-            await self.send({"type": "SpeechStarted", "channel": [0], "timestamp": ms / 1000})
+            await self.send(events.SpeechStarted(type="SpeechStarted", channel=[0], timestamp=ms / 1000))
         self.speech_starts = []
         await self._utterance_end()
 
@@ -316,32 +331,29 @@ class ListenSession(Session):
         decoded = self.ctx.loop.engine.decoded_samples(self.id)
         if decoded is not None and samples_to_ms(decoded) - last >= gap:
             self.last_word_end_ms = None
-            await self.send({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": last / 1000})
+            await self.send(events.UtteranceEnd(type="UtteranceEnd", channel=[0, 1],
+                                                last_word_end=last / 1000))
 
     def _result(self, words: list[Word], is_final: bool, end_ms: int | None = None, *,
-                speech_final: bool = False, from_finalize: bool = False) -> dict[str, Any]:
+                speech_final: bool = False, from_finalize: bool = False) -> events.Results:
         self.seq += 1
         start = self.final_end_ms
         end = max(start, end_ms if end_ms is not None else (words[-1].end_ms if words else start))
         punctuate = self.options.punctuate
-        alternative = {
-            "transcript": text_of(words) if punctuate else " ".join(filter(None, map(plain_word, words))),
-            "confidence": round(sum(w.probability or 0.0 for w in words) / len(words), 4) if words else 0.0,
-            "words": deepgram_words(words, punctuate)}
-        return {"type": "Results", "channel_index": [0, 1], "duration": (end - start) / 1000,
-                "start": start / 1000, "is_final": is_final, "speech_final": speech_final,
-                "from_finalize": from_finalize, "channel": {"alternatives": [alternative]},
-                "metadata": {"request_id": self.id, "model_info": self.model_info,
-                             "model_uuid": self.model_uuid},
-                "seq": self.seq}
+        return events.Results(
+            type="Results", channel_index=[0, 1], duration=(end - start) / 1000, start=start / 1000,
+            is_final=is_final, speech_final=speech_final, from_finalize=from_finalize,
+            channel=events.Channel(alternatives=[alternative(words, punctuate)]),
+            metadata=events.ResultMetadata(request_id=self.id, model_info=self.model_info,
+                                           model_uuid=self.model_uuid),
+            seq=self.seq)
 
     async def on_finished(self) -> None:
-        await self.send({"type": "Metadata", "transaction_key": "deprecated", "request_id": self.id,
-                         "sha256": "incomplete", "created": self.created,
-                         "duration": self.num_received / self.resampler.rate,
-                         "channels": self.options.channels, "models": [self.model_uuid],
-                         "model_info": {self.model_uuid: self.model_info},
-                         "num_finals": self.num_finals})
+        await self.send(events.Metadata(
+            type="Metadata", transaction_key="deprecated", request_id=self.id, sha256="incomplete",
+            created=self.created, duration=self.num_received / self.resampler.rate,
+            channels=self.options.channels, models=[self.model_uuid],
+            model_info={self.model_uuid: self.model_info}, num_finals=self.num_finals))
 
     def on_idle(self, idle_s: float) -> tuple[int, str]:
         return CLOSE_INTERNAL, f"NET-0001: no audio or message for {idle_s:g} s"
@@ -349,9 +361,9 @@ class ListenSession(Session):
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         self.ctx.metrics.client_errors.labels(code).inc()
         variant = extra.pop("variant", "ServerError" if code == "engine_error" else "ClientError")
-        await self.send({"type": "Error", "variant": variant, "code": code,
-                         "description": clip_text(message, 300), **extra})
+        await self.send({**events.Error(type="Error", variant=variant, code=code,
+                                        description=clip_text(message, 300)), **extra})
 
     async def send_warning(self, code: str, message: str, **extra: Any) -> None:
         if self.options.voxtide_events:
-            await self.send({"type": "Warning", "code": code, "description": message, **extra})
+            await self.send({**events.Warning(type="Warning", code=code, description=message), **extra})

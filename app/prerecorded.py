@@ -25,8 +25,9 @@ from urllib.parse import parse_qsl
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app import deepgram_events as events
 from app import formats
-from app.listen import CONTAINER, ENCODINGS, MAX_CHANNELS, deepgram_words, flag, int_param, model_metadata
+from app.listen import CONTAINER, ENCODINGS, MAX_CHANNELS, alternative, flag, int_param, model_metadata
 from app.session import ServerContext, query_rate
 from app.upload import (
     ClientGone,
@@ -39,7 +40,6 @@ from app.upload import (
 )
 from audio.container import RawFormat
 from audio.io import AudioError
-from engine.words import Word
 
 ENGLISH = ("en", "en-us", "en-gb", "en-au", "en-in", "en-nz")
 
@@ -103,33 +103,25 @@ async def listen_file(ctx: ServerContext, request: Request) -> Response:
     finally:
         await slot.release()
     model = model_metadata(ctx.model_name)
-    metadata = {
-        "transaction_key": "deprecated", "request_id": request_id,
-        "sha256": hashlib.sha256(body).hexdigest(),
-        "created": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "duration": round(result.duration_s, 3), "channels": 1, "models": [model["uuid"]],
-        "model_info": {model["uuid"]: model["info"]}}
-    results: dict[str, Any] = {"channels": [{"alternatives": [
-        _alternative(result.words, options["punctuate"])]}]}
+    metadata = events.PrerecordedMetadata(
+        transaction_key="deprecated", request_id=request_id, sha256=hashlib.sha256(body).hexdigest(),
+        created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        duration=round(result.duration_s, 3), channels=1, models=[model["uuid"]],
+        model_info={model["uuid"]: model["info"]})
+    results = events.PrerecordedResults(
+        channels=[events.Channel(alternatives=[alternative(result.words, options["punctuate"])])])
     if options["utterances"]:
         results["utterances"] = [_utterance(s, options["punctuate"])
                                  for s in formats.segments(result.words)]
-    return JSONResponse({"metadata": metadata, "results": results})
+    return JSONResponse(events.PrerecordedResponse(metadata=metadata, results=results))
 
 
 async def _nothing() -> None:
     """(the body is in memory: nothing to close)"""
 
 
-def _alternative(words: list[Word], punctuate: bool) -> dict[str, Any]:
-    items = deepgram_words(words, punctuate)
-    transcript = formats.text(words) if punctuate else " ".join(w["word"] for w in items)
-    confidence = sum(w["confidence"] for w in items) / len(items) if items else 0.0
-    return {"transcript": transcript, "confidence": round(confidence, 4), "words": items}
-
-
-def _utterance(segment: formats.Segment, punctuate: bool) -> dict[str, Any]:
-    alternative = _alternative(segment.words, punctuate)
-    return {"start": segment.start, "end": segment.end, "confidence": alternative["confidence"],
-            "channel": 0, "transcript": alternative["transcript"], "words": alternative["words"],
-            "id": str(uuid.uuid4())}
+def _utterance(segment: formats.Segment, punctuate: bool) -> events.Utterance:
+    alt = alternative(segment.words, punctuate)
+    return events.Utterance(start=segment.start, end=segment.end, confidence=alt["confidence"],
+                            channel=0, transcript=alt["transcript"], words=alt["words"],
+                            id=str(uuid.uuid4()))

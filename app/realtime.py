@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from app import realtime_events as events
 from app.connection import Connection
 from app.session import ServerContext, Session, clip_text, new_id, text_of, words_json
 from audio.io import AudioError, check_stream_rate, pcm_to_float
@@ -80,21 +81,19 @@ class RealtimeSession(Session):
 
     # ------------------------------------------------------------------ events out
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    async def emit(self, event: events.ServerEvent) -> None:
+        """Send an event with its event_id."""
         self.event_counter += 1
-        return {"event_id": f"event_{self.id[5:17]}{self.event_counter:06d}", "type": kind, **fields}
-
-    async def emit(self, kind: str, **fields: Any) -> None:
-        await self.send(self._event(kind, **fields))
+        await self.send({"event_id": f"event_{self.id[5:17]}{self.event_counter:06d}", **event})
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         self.ctx.metrics.client_errors.labels(code).inc()
         server_side = code in ("engine_error", "rate_limited", "internal_error")
         event_id = extra.get("event_id")
-        error = {"type": "server_error" if server_side else "invalid_request_error",
-                 "code": code, "message": clip_text(message, 300), "param": extra.get("param"),
-                 "event_id": clip_text(event_id, 64) if isinstance(event_id, str) else None}
-        await self.emit("error", error=error)
+        error = events.ErrorDetail(type="server_error" if server_side else "invalid_request_error",
+                                   code=code, message=clip_text(message, 300), param=extra.get("param"),
+                                   event_id=clip_text(event_id, 64) if isinstance(event_id, str) else None)
+        await self.emit(events.ErrorEvent(type="error", error=error))
 
     def session_object(self) -> dict[str, Any]:
         """The session, in the GA shape (`audio.input`) and the beta fields beside it."""
@@ -118,7 +117,7 @@ class RealtimeSession(Session):
         return session
 
     async def on_open(self) -> None:
-        await self.emit("session.created", session=self.session_object())
+        await self.emit(events.SessionEvent(type="session.created", session=self.session_object()))
 
     # ------------------------------------------------------------------ events in
 
@@ -178,9 +177,11 @@ class RealtimeSession(Session):
         if turn_detection != "unchanged":
             self.turn_detection = turn_detection
             self.vad = self._make_vad()
-        self.beta = self.beta or event["type"] == "transcription_session.update"
-        kind = event["type"].replace(".update", ".updated")
-        await self.emit(kind, session=self.session_object())
+        beta_update = event["type"] == "transcription_session.update"
+        self.beta = self.beta or beta_update
+        await self.emit(events.SessionEvent(
+            type="transcription_session.updated" if beta_update else "session.updated",
+            session=self.session_object()))
 
     @staticmethod
     def _turn_detection(audio_in: dict[str, Any], session: dict[str, Any]) -> Any:
@@ -256,17 +257,17 @@ class RealtimeSession(Session):
             self.vad_events += self.vad.push(samples)
 
     async def _flush_vad_events(self) -> None:
-        events, self.vad_events = self.vad_events, []
-        for e in events:
+        heard, self.vad_events = self.vad_events, []
+        for e in heard:
             if e.kind == "speech_started":
                 if self.current is None:
                     self.current = Item(new_id("item"), e.ms)
                     self.items.append(self.current)
-                await self.emit("input_audio_buffer.speech_started", audio_start_ms=e.ms,
-                                item_id=self.current.id)
+                await self.emit(events.SpeechStarted(type="input_audio_buffer.speech_started",
+                                                     audio_start_ms=e.ms, item_id=self.current.id))
             elif self.current is not None:
-                await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=e.ms,
-                                item_id=self.current.id)
+                await self.emit(events.SpeechStopped(type="input_audio_buffer.speech_stopped",
+                                                     audio_end_ms=e.ms, item_id=self.current.id))
                 await self._commit()
 
     async def _commit_event(self, event: dict[str, Any]) -> None:
@@ -290,10 +291,11 @@ class RealtimeSession(Session):
     async def _announce(self, item: Item) -> None:
         """The turn is committed: say so, create its item, then send the text held for it."""
         item.previous_id, self.last_item_id = self.last_item_id, item.id
-        await self.emit("input_audio_buffer.committed", previous_item_id=item.previous_id,
-                        item_id=item.id)
-        await self.emit("conversation.item.created" if self.beta else "conversation.item.added",
-                        previous_item_id=item.previous_id, item=_item_json(item, None))
+        await self.emit(events.Committed(type="input_audio_buffer.committed",
+                                         previous_item_id=item.previous_id, item_id=item.id))
+        await self.emit(events.ItemEvent(
+            type="conversation.item.created" if self.beta else "conversation.item.added",
+            previous_item_id=item.previous_id, item=events.item(item.id, None)))
         item.announced = True
         await self._delta(item)
 
@@ -304,8 +306,9 @@ class RealtimeSession(Session):
             if not item.num_sent:
                 delta = delta.lstrip()
             item.num_sent = len(item.words)
-            await self.emit("conversation.item.input_audio_transcription.delta",
-                            item_id=item.id, content_index=0, delta=delta)
+            await self.emit(events.TranscriptionDelta(
+                type="conversation.item.input_audio_transcription.delta", item_id=item.id,
+                content_index=0, delta=delta))
 
     async def _clear(self, event: dict[str, Any]) -> None:
         item = self.current
@@ -313,7 +316,7 @@ class RealtimeSession(Session):
             self.cleared.append((item.start_ms, self.fed_ms))
             self.items.remove(item)
             self.current = None
-        await self.emit("input_audio_buffer.cleared")
+        await self.emit(events.Cleared(type="input_audio_buffer.cleared"))
 
     # ------------------------------------------------------------------ engine outputs
 
@@ -356,15 +359,12 @@ class RealtimeSession(Session):
         assert item.end_ms is not None
         await self.store({"item_id": item.id, "text": transcript, "start_ms": item.start_ms,
                           "end_ms": item.end_ms, "words": words_json(item.words)})
-        usage = {"type": "duration", "seconds": round((item.end_ms - item.start_ms) / 1000, 3)}
-        await self.emit("conversation.item.input_audio_transcription.completed", item_id=item.id,
-                        content_index=0, transcript=transcript, usage=usage)
+        usage = events.Usage(type="duration", seconds=round((item.end_ms - item.start_ms) / 1000, 3))
+        await self.emit(events.TranscriptionCompleted(
+            type="conversation.item.input_audio_transcription.completed", item_id=item.id,
+            content_index=0, transcript=transcript, usage=usage))
         if not self.beta:
-            await self.emit("conversation.item.done", previous_item_id=item.previous_id,
-                            item=_item_json(item, transcript))
+            await self.emit(events.ItemEvent(type="conversation.item.done",
+                                             previous_item_id=item.previous_id,
+                                             item=events.item(item.id, transcript)))
 
-
-def _item_json(item: Item, transcript: str | None) -> dict[str, Any]:
-    """The conversation item of a turn: a user message of input audio."""
-    return {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed",
-            "role": "user", "content": [{"type": "input_audio", "transcript": transcript}]}

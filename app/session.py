@@ -21,6 +21,7 @@ import math
 import secrets
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,7 +324,7 @@ class Session:
     def fed_ms(self) -> int:
         return samples_to_ms(self.num_fed)
 
-    async def send(self, event: dict[str, Any]) -> None:
+    async def send(self, event: Mapping[str, Any]) -> None:
         if not self.connected:
             return
         text = json.dumps(event, ensure_ascii=False)
