@@ -47,8 +47,9 @@ class Results(TypedDict):
     seq: int  # Voxtide's: the last one received, for a resume
 
 
-class Metadata(TypedDict):
-    type: Literal["Metadata"]
+class PrerecordedMetadata(TypedDict):
+    """A request's metadata: pre-recorded `metadata`, and the body of live `Metadata`."""
+
     transaction_key: str
     request_id: str
     sha256: str
@@ -57,6 +58,10 @@ class Metadata(TypedDict):
     channels: int
     models: list[str]
     model_info: dict[str, Any]
+
+
+class Metadata(PrerecordedMetadata):
+    type: Literal["Metadata"]
     num_finals: int  # Voxtide's
 
 
@@ -116,17 +121,6 @@ class Utterance(TypedDict):
     transcript: str
     words: list[DeepgramWord]
     id: str
-
-
-class PrerecordedMetadata(TypedDict):
-    transaction_key: str
-    request_id: str
-    sha256: str
-    created: str
-    duration: float
-    channels: int
-    models: list[str]
-    model_info: dict[str, Any]
 
 
 class PrerecordedResults(TypedDict):
