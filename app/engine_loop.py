@@ -146,7 +146,7 @@ class EngineLoop:
         not for a batch of partials or a file's decode."""
         engine = self.engine
         running = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
-        has_final = any(w.final and not w.background for w in step.scheduled.windows)
+        has_final = any(w.live_final for w in step.scheduled.windows)
         while True:
             if self.commands:
                 touched = self._apply_commands()

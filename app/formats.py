@@ -10,6 +10,7 @@ import math
 import zlib
 from dataclasses import dataclass
 
+from app.session import text_of
 from engine.words import Word
 
 PAUSE_MS = 1000  # a pause this long between words starts a new segment
@@ -25,7 +26,7 @@ class Segment:
 
     @property
     def text(self) -> str:
-        return "".join(w.text for w in self.words).strip()
+        return text_of(self.words)
 
     @property
     def tokens(self) -> list[int]:
@@ -59,17 +60,13 @@ def segments(words: list[Word]) -> list[Segment]:
 
 def _breaks(current: list[Word], word: Word) -> bool:
     last = current[-1]
-    length = len("".join(w.text for w in current).strip()) + len(word.text)
+    length = len(text_of(current)) + len(word.text)
     return (last.text.rstrip().endswith(SENTENCE_END) or word.start_ms - last.end_ms >= PAUSE_MS
             or length > MAX_SEGMENT_CHARS)
 
 
 def _segment(words: list[Word]) -> Segment:
     return Segment(words[0].start_ms / 1000, words[-1].end_ms / 1000, words)
-
-
-def text(words: list[Word]) -> str:
-    return "".join(w.text for w in words).strip()
 
 
 def _clock(seconds: float, decimal: str) -> str:

@@ -68,6 +68,7 @@ CONTAINER, SNIFF = "container", "sniff"  # decoded by PyAV; a container or linea
 MAX_CHANNELS = 8
 REPLAY_FINALS = 1000  # finals kept for a resume to re-send
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
+ENGLISH = ("en", "en-us", "en-gb", "en-au", "en-in", "en-nz")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,16 @@ def int_param(params: dict[str, str], name: str, low: int, high: int) -> int | N
     return value
 
 
+def check_channels_and_language(params: dict[str, str], multilingual: bool) -> None:
+    """What live and pre-recorded requests refuse alike: multichannel, a language the model
+    does not speak. ValueError with the fix."""
+    if flag(params, "multichannel"):
+        raise ValueError("multichannel=true is not supported; channels are mixed down to one")
+    language = params.get("language", "en").lower()
+    if not multilingual and language not in ENGLISH:
+        raise ValueError(f"language {language!r} is not supported by this English-only model; use en")
+
+
 def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions | dict[str, Any]:
     """Query string -> ListenOptions, or {"resume_token", "last_seq"}; ValueError with the
     fix for bad values."""
@@ -112,11 +123,7 @@ def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions 
     if encoding not in ENCODINGS and encoding != SNIFF:
         raise ValueError(f"encoding {encoding!r} is not supported; use linear16, linear32, mulaw, "
                          "alaw, float32, opus or flac, or none for containerized audio")
-    if flag(params, "multichannel"):
-        raise ValueError("multichannel=true is not supported; channels are mixed down to one")
-    language = params.get("language", "en").lower()
-    if not multilingual and language not in ("en", "en-us", "en-gb", "en-au", "en-in", "en-nz"):
-        raise ValueError(f"language {language!r} is not supported by this English-only model; use en")
+    check_channels_and_language(params, multilingual)
     if params.get("endpointing", "10").lower() not in FALSE:
         int_param(params, "endpointing", 0, 60_000)  # accepted; the server's endpoint_ms decides
     return ListenOptions(

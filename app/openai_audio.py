@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from app import formats
-from app.session import ServerContext
+from app.session import ServerContext, text_of
 from app.upload import (
     ClientGone,
     UploadError,
@@ -79,13 +79,12 @@ def _options(form: Any, multilingual: bool) -> dict[str, Any]:
     if not multilingual and language not in ENGLISH:
         raise BadRequest(f"language {language!r} is not supported by this English-only model; use en",
                          "language", "unsupported_language")
-    for name in ("temperature",):
-        value = form.get(name)
-        if value is not None:
-            try:
-                float(str(value))
-            except ValueError:
-                raise BadRequest(f"{name} must be a number, got {value!r}", name) from None
+    temperature = form.get("temperature")
+    if temperature is not None:
+        try:
+            float(str(temperature))
+        except ValueError:
+            raise BadRequest(f"temperature must be a number, got {temperature!r}", "temperature") from None
     stream = str(form.get("stream") or "false").lower()
     if stream not in ("true", "false"):
         raise BadRequest(f"stream must be true or false, got {stream!r}", "stream")
@@ -135,7 +134,7 @@ def _usage(result: UploadResult) -> dict[str, Any]:
 
 
 def _response(result: UploadResult, response_format: str, granularities: list[str]) -> Response:
-    text = formats.text(result.words)
+    text = text_of(result.words)
     if response_format == "json":
         return JSONResponse({"text": text, "usage": _usage(result)})
     segments = formats.segments(result.words)
@@ -190,16 +189,16 @@ async def _events(ctx: ServerContext, source: Any, slot: UploadSlot) -> AsyncIte
         try:
             result = await task
         except (AudioError, UploadError) as e:
-            yield _sse({"error": {"message": str(e), "type": "invalid_request_error"
-                                  if isinstance(e, AudioError) else "server_error", "param": None,
-                                  "code": "invalid_audio" if isinstance(e, AudioError) else "server_error"}})
+            kind, code = (("invalid_request_error", "invalid_audio") if isinstance(e, AudioError)
+                          else ("server_error", "server_error"))
+            yield _sse({"error": {"message": str(e), "type": kind, "param": None, "code": code}})
             return
         audio_tokens = math.ceil(result.duration_s * POSITIONS_PER_SECOND)
         output_tokens = sum(len(w.tokens) for w in words)
         usage = {"type": "tokens", "input_tokens": audio_tokens, "output_tokens": output_tokens,
                  "total_tokens": audio_tokens + output_tokens,
                  "input_token_details": {"audio_tokens": audio_tokens, "text_tokens": 0}}
-        yield _sse({"type": "transcript.text.done", "text": formats.text(words), "usage": usage})
+        yield _sse({"type": "transcript.text.done", "text": text_of(words), "usage": usage})
         slot.outcome = "ok"
     finally:
         task.cancel()  # (the client went away: the file's request is aborted)

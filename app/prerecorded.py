@@ -27,7 +27,16 @@ from starlette.responses import JSONResponse, Response
 
 from app import deepgram_events as events
 from app import formats
-from app.listen import CONTAINER, ENCODINGS, MAX_CHANNELS, alternative, flag, int_param, model_metadata
+from app.listen import (
+    CONTAINER,
+    ENCODINGS,
+    MAX_CHANNELS,
+    alternative,
+    check_channels_and_language,
+    flag,
+    int_param,
+    model_metadata,
+)
 from app.session import ServerContext, query_rate
 from app.upload import (
     ClientGone,
@@ -41,8 +50,6 @@ from app.upload import (
 from audio.container import RawFormat
 from audio.io import AudioError
 
-ENGLISH = ("en", "en-us", "en-gb", "en-au", "en-in", "en-nz")
-
 
 def deepgram_error(status: HTTPStatus, message: str, request_id: str) -> JSONResponse:
     body = {"err_code": status.phrase, "err_msg": message, "request_id": request_id}
@@ -52,13 +59,9 @@ def deepgram_error(status: HTTPStatus, message: str, request_id: str) -> JSONRes
 def _options(query: str, multilingual: bool) -> dict[str, Any]:
     """The query -> {punctuate, utterances, raw}; ValueError with the fix."""
     params = dict(parse_qsl(query))
-    if flag(params, "multichannel"):
-        raise ValueError("multichannel=true is not supported; channels are mixed down to one")
+    check_channels_and_language(params, multilingual)
     if "callback" in params:
         raise ValueError("callback is not supported; the transcript is the response")
-    language = params.get("language", "en").lower()
-    if not multilingual and language not in ENGLISH:
-        raise ValueError(f"language {language!r} is not supported by this English-only model; use en")
     raw = None
     encoding = params.get("encoding", "").lower()
     if encoding and ENCODINGS.get(encoding) != CONTAINER:  # headerless PCM
@@ -87,7 +90,7 @@ async def listen_file(ctx: ServerContext, request: Request) -> Response:
         return deepgram_error(HTTPStatus.BAD_REQUEST, "this server fetches no URL: send the audio "
                               "itself as the request body", request_id)
     body = await request.body()
-    slot = UploadSlot(ctx, "listen", _nothing)
+    slot = UploadSlot(ctx, "listen")  # (the body is in memory: nothing to close)
     try:
         source = io.BytesIO(body)
         await probe_upload(source, options["raw"])
@@ -114,10 +117,6 @@ async def listen_file(ctx: ServerContext, request: Request) -> Response:
         results["utterances"] = [_utterance(s, options["punctuate"])
                                  for s in formats.segments(result.words)]
     return JSONResponse(events.PrerecordedResponse(metadata=metadata, results=results))
-
-
-async def _nothing() -> None:
-    """(the body is in memory: nothing to close)"""
 
 
 def _utterance(segment: formats.Segment, punctuate: bool) -> events.Utterance:

@@ -10,7 +10,6 @@ leave over. Its audio is fed a few seconds at a time while its backlog is under
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -25,8 +24,6 @@ from audio.io import SAMPLE_RATE
 from audio.stream import StreamResampler
 from engine.engine import EngineOutput
 from engine.words import Word
-
-log = logging.getLogger(__name__)
 
 AHEAD_S = 60.0  # decoded audio kept ahead of the engine (full 30 s windows, bounded memory)
 PIECE_S = 5.0  # audio fed per piece
@@ -70,7 +67,9 @@ def admit_upload(ctx: ServerContext, request: Request) -> tuple[HTTPStatus, str]
 class UploadSlot:
     """One of the `max_uploads` transcriptions in progress, from its admission to release."""
 
-    def __init__(self, ctx: ServerContext, endpoint: str, close: Callable[[], Awaitable[None]]):
+    def __init__(self, ctx: ServerContext, endpoint: str,
+                 close: Callable[[], Awaitable[None]] | None = None):
+        """`close`: what to close at release (an uploaded file spooled to disk)."""
         self.ctx, self.endpoint, self.close = ctx, endpoint, close
         self.outcome = "error"  # set to "ok" once the transcript is out
         self.released = False
@@ -81,7 +80,8 @@ class UploadSlot:
             self.released = True
             self.ctx.uploads -= 1
             self.ctx.metrics.uploads.labels(self.endpoint, self.outcome).inc()
-            await self.close()
+            if self.close is not None:
+                await self.close()
 
 
 async def probe_upload(source: BinaryIO, raw: RawFormat | None = None) -> None:

@@ -194,7 +194,7 @@ class ModelRunner:
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(inp.windows),
                               processor_counts=(cache.num_queries, cache.num_hits))
-        if any(w.window.final and not w.window.background for w in inp.windows):
+        if any(w.window.live_final for w in inp.windows):
             stop = None  # a step with live finals runs to its end
         return self._run_windows(inp.windows, result, stop)
 

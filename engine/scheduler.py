@@ -58,6 +58,11 @@ class ScheduledWindow:
     # a background file's window: optional work, given up like a partial for a live final
     background: bool = False
 
+    @property
+    def live_final(self) -> bool:
+        """A final a live client waits for: its step runs to its end."""
+        return self.final and not self.background
+
 
 @dataclass
 class SchedulerOutput:
