@@ -12,7 +12,7 @@ import torch
 from app.config import ENV_PREFIX, ServerConfig, load_settings
 from engine.config import EngineConfig
 
-SERVE_FLAGS = ("host", "port", "api_key", "max_sessions", "idle_timeout_s", "data_dir")
+SERVE_FLAGS = ("host", "port", "api_key", "max_sessions", "idle_timeout_s", "data_dir", "drain_s")
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"seconds without a client message that end a session "
                         f"(default: {ServerConfig.idle_timeout_s:g})")
     p.add_argument("--data-dir", default=None,
-                   help=f"folder of the per-session JSONL transcripts (default: {ServerConfig.data_dir})")
+                   help=f"folder of the per-session JSONL transcripts and the audio spool "
+                        f"(default: {ServerConfig.data_dir})")
+    p.add_argument("--drain", dest="drain_s", type=float, default=None,
+                   help=f"seconds sessions get to finish at SIGTERM; what is left is transcribed "
+                        f"from the spool at the next start (default: {ServerConfig.drain_s:g})")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="TOML file of expert settings: tables [server] and [engine]")
     _add_model_args(p)

@@ -29,8 +29,9 @@ class ServerConfig:
     max_upload_bytes: int = 512 << 20  # larger uploads get 413
     max_upload_s: float = 4 * 3600.0  # longer audio in an upload gets 400
     metrics_auth: bool = False  # /metrics needs the API key too
-    data_dir: Path = Path("voxtide-data")  # per-session JSONL transcripts
-    fsync: bool = False  # fsync every transcript line (survives a machine crash)
+    data_dir: Path = Path("voxtide-data")  # per-session JSONL transcripts and the audio spool
+    fsync: bool = False  # fsync transcript lines and the spool (survives a machine crash)
+    drain_s: float = 25.0  # at shutdown, sessions get this long to finish; the rest is spooled
     web_dir: Path = field(default=WEB_DIR)  # static files (allowlisted names only)
 
     def __post_init__(self) -> None:
@@ -45,6 +46,8 @@ class ServerConfig:
                              f"{self.max_backlog_s}")
         if self.max_uploads < 0 or self.max_upload_bytes < 1024 or self.max_upload_s <= 0:
             raise ValueError("need max_uploads >= 0, max_upload_bytes >= 1024 and max_upload_s > 0")
+        if self.drain_s < 0:
+            raise ValueError(f"drain_s must be >= 0, got {self.drain_s}")
         if self.resume_grace_s < 0:
             raise ValueError(f"resume_grace_s must be >= 0, got {self.resume_grace_s}")
         self.data_dir = Path(self.data_dir)

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Sink = Callable[[EngineOutput], None]
 IDLE_POLL_S = 0.05  # a ready request the scheduler could not place is retried this often
+HEALTH_POLL_S = 1.0  # while idle, whether the model worker still runs is checked this often
 
 
 @dataclass
@@ -119,6 +120,8 @@ class EngineLoop:
         """
         engine = self.engine
         while True:
+            if not engine.healthy and not engine.restarting:  # the worker died between steps
+                await asyncio.to_thread(engine.restart_runner)
             self._apply_commands()
             step = engine.schedule()
             if step is not None:
@@ -132,7 +135,7 @@ class EngineLoop:
                 continue
             self.wakeup.clear()
             if not self.commands:  # idle until a command; poll while the encoder budget blocks
-                timeout = IDLE_POLL_S if engine.has_work() else None
+                timeout = IDLE_POLL_S if engine.has_work() else HEALTH_POLL_S
                 try:
                     await asyncio.wait_for(self.wakeup.wait(), timeout)
                 except TimeoutError:

@@ -53,6 +53,9 @@ class Metrics:
         self.store_failures = Counter("voxtide_store_failures",
                                       "Finals the transcript store could not write when they came "
                                       "(kept and written later)", registry=r)
+        self.recovered_audio_seconds = Counter("voxtide_recovered_audio_seconds",
+                                               "Spooled audio a previous run left, transcribed at start (s)",
+                                               registry=r)
         self.client_errors = Counter("voxtide_client_errors", "Error events sent to clients, by code",
                                      ["code"], registry=r)
         self.first_partial = Histogram("voxtide_time_to_first_partial_seconds",

@@ -111,7 +111,7 @@ async def transcriptions(ctx: ServerContext, request: Request) -> Response:
             return StreamingResponse(_events(ctx, source, streamed), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-store"},
                                      background=BackgroundTask(streamed.release))
-        result = await until_disconnected(request, transcribe_upload(ctx, source))
+        result = await until_disconnected(ctx, request, transcribe_upload(ctx, source))
         slot.outcome = "ok"
         return _response(result, options["response_format"], options["granularities"])
     except BadRequest as e:
@@ -119,7 +119,7 @@ async def transcriptions(ctx: ServerContext, request: Request) -> Response:
     except AudioError as e:
         return openai_error(HTTPStatus.BAD_REQUEST, "invalid_audio", str(e), "file")
     except UploadError as e:
-        return openai_error(HTTPStatus.INTERNAL_SERVER_ERROR, "server_error", str(e))
+        return openai_error(e.status, "server_error", str(e))
     except ClientGone:
         if slot is not None:
             slot.outcome = "client_gone"

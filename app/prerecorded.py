@@ -94,12 +94,12 @@ async def listen_file(ctx: ServerContext, request: Request) -> Response:
     try:
         source = io.BytesIO(body)
         await probe_upload(source, options["raw"])
-        result = await until_disconnected(request, transcribe_upload(ctx, source, raw=options["raw"]))
+        result = await until_disconnected(ctx, request, transcribe_upload(ctx, source, raw=options["raw"]))
         slot.outcome = "ok"
     except AudioError as e:
         return deepgram_error(HTTPStatus.BAD_REQUEST, str(e), request_id)
     except UploadError as e:
-        return deepgram_error(HTTPStatus.INTERNAL_SERVER_ERROR, str(e), request_id)
+        return deepgram_error(e.status, str(e), request_id)
     except ClientGone:
         slot.outcome = "client_gone"
         return Response(status_code=499)

@@ -313,7 +313,10 @@ class RealtimeSession(Session):
     async def _clear(self, event: dict[str, Any]) -> None:
         item = self.current
         if item is not None:  # its audio is already in the engine: drop its text instead
-            self.cleared.append((item.start_ms, self.fed_ms))
+            if self.cleared and self.cleared[-1][1] >= item.start_ms:  # right after the last one
+                self.cleared[-1] = (self.cleared[-1][0], self.fed_ms)
+            else:
+                self.cleared.append((item.start_ms, self.fed_ms))
             self.items.remove(item)
             self.current = None
         await self.emit(events.Cleared(type="input_audio_buffer.cleared"))
@@ -337,8 +340,10 @@ class RealtimeSession(Session):
             item = self._item_for(word)
             if item is not None:
                 item.words.append(word)
-        if output.committed:  # words come in time order: ranges behind them are done with
-            last = output.committed[-1].start_ms
+        # words come in time order: ranges behind the last one, or behind where the engine
+        # is done, are done with (clears with no words between them cannot pile up)
+        last = max(output.done_ms, output.committed[-1].start_ms if output.committed else 0)
+        if self.cleared and self.cleared[0][1] <= last:
             self.cleared = [r for r in self.cleared if r[1] > last]
         for item in list(self.items):
             if item.announced:
@@ -352,6 +357,10 @@ class RealtimeSession(Session):
                         self.current = None
                     await self._announce(item)
                 await self._complete(item)
+
+    def stored_ms(self) -> int:
+        """Turns not completed yet are not stored: their audio stays spooled."""
+        return min([self.done_ms, *(item.start_ms for item in self.items)])
 
     async def _complete(self, item: Item) -> None:
         self.items.remove(item)

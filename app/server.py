@@ -13,6 +13,11 @@ Beyond `max_sessions`, or while the server is overloaded (most sessions more tha
 reason; messages over `max_message_bytes` close the connection with 1009 (done by uvicorn).
 A /v1/listen connection with a `resume_token` takes over its dropped session (404 for an
 unknown or expired token) and does not count as a new session.
+
+Shutdown (SIGTERM, Ctrl-C, `stop()`) drains: /healthz answers 503 "draining", new sessions
+get 1013 and files 503, every session's input ends (what it sent is transcribed and sent, then
+it closes with 1001) and files go on, for up to `drain_s`; what is unfinished then is
+left in the spool (app/spool.py), which the next start transcribes into the store.
 """
 
 from __future__ import annotations
@@ -45,8 +50,11 @@ from app.metrics import Metrics
 from app.openai_audio import openai_error, transcriptions
 from app.prerecorded import deepgram_error, listen_file
 from app.realtime import OPENAI_RATE, RealtimeSession
+from app.recovery import recover
 from app.session import ServerContext, Session, query_rate
+from app.spool import Spool
 from app.store import TranscriptStore
+from app.upload import DISCONNECT_POLL_S
 from engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -107,11 +115,13 @@ class Server:
         self.metrics = Metrics()
         self.loop = EngineLoop(engine, self.metrics)
         self.store = TranscriptStore(self.config.data_dir, self.config.fsync)
-        self.ctx = ServerContext(self.config, self.loop, self.metrics, self.store,
+        self.spool = Spool(self.config.data_dir, self.config.fsync)
+        self.ctx = ServerContext(self.config, self.loop, self.metrics, self.store, self.spool,
                                  engine.bundle.name, engine.bundle.tokenizer.multilingual)
         self.sessions: dict[str, Session] = {}
         self.http: uvicorn.Server | None = None
         self.store_task: asyncio.Task | None = None
+        self.recovery: asyncio.Task | None = None  # of what a previous run left in the spool
         self.started_at = int(time.time())
         self._add_gauges()
 
@@ -139,6 +149,10 @@ class Server:
                            lambda: engine.processor_counts[0])
         m.counter_function("voxtide_processor_cache_hits", "Processor cache lookups that hit",
                            lambda: engine.processor_counts[1])
+        m.counter_function("voxtide_spool_failures", "Session audio spools that could not be written "
+                           "(a full disk): a crash would lose that audio", lambda: self.spool.num_failures)
+        m.counter_function("voxtide_worker_restarts", "Times the model worker process died and was "
+                           "started again", lambda: engine.num_restarts)
 
     def _lag(self, session: Session) -> float:
         return max(0, session.fed_ms - self.engine.committed_ms(session.id)) / 1000
@@ -169,6 +183,8 @@ class Server:
     async def start(self) -> None:
         self.loop.start()
         self.store_task = asyncio.create_task(self._retry_store(), name="store-retry")
+        leftovers = self.spool.leftovers()  # (before any session of this run has a spool)
+        self.recovery = asyncio.create_task(recover(self.ctx, leftovers), name="recovery")
         config = uvicorn.Config(
             self._app(), self.config.host, self.config.port, ws="websockets-sansio",
             ws_max_size=self.config.max_message_bytes,
@@ -193,20 +209,45 @@ class Server:
         assert self.http is not None, "start() first"
         return self.http.servers[0].sockets[0].getsockname()[1]
 
+    async def drain(self) -> None:
+        """Take no new sessions or files; end every session's input (each transcribes and
+        sends what it received, then closes 1001); wait for them and the files in progress,
+        at most `drain_s`."""
+        self.ctx.draining = True
+        for session in list(self.sessions.values()):
+            session.stop_input(CLOSE_GOING_AWAY, "server shutting down")
+        deadline = time.monotonic() + self.config.drain_s
+        while (self.sessions or self.ctx.uploads) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
     async def stop(self) -> None:
-        """Close every connection (1001), let the sessions finish into the store, stop."""
+        """Drain, then stop: what is still unfinished stays in the spool for the next start."""
         if self.http is not None:
-            self.http.servers[0].close()  # no new connections
-            for session in list(self.sessions.values()):
+            log.info("draining %d sessions and %d files for up to %g s", len(self.sessions),
+                     self.ctx.uploads, self.config.drain_s)
+            await self.drain()
+            if self.sessions or self.ctx.uploads:
+                log.warning("%d sessions and %d files unfinished; their audio is spooled for the next "
+                            "start", len(self.sessions), self.ctx.uploads)
+            self.ctx.stopping = True
+            for session in list(self.sessions.values()):  # (their spools stay)
+                session.abort()
                 if session.connected:
                     await session.ws.close(CLOSE_GOING_AWAY, "server shutting down")
+            deadline = time.monotonic() + 2 * DISCONNECT_POLL_S
+            while self.ctx.uploads and time.monotonic() < deadline:  # they answer 503
+                await asyncio.sleep(0.05)
+            for task in list(self.http.server_state.tasks):  # anything still running
+                task.cancel()
             await self.http.shutdown()
+        for task in (self.recovery, self.store_task):
+            if task is not None:
+                task.cancel()
         await self.loop.stop()
-        if self.store_task is not None:
-            self.store_task.cancel()
         if not self.store.retry():
             log.error("transcript store: %d finals could not be written (%s)", self.store.num_pending,
                       self.store.failure)
+        self.spool.close()
         self.engine.close()
 
     async def serve_forever(self) -> None:
@@ -223,7 +264,7 @@ class Server:
             handled = False
         try:
             await terminated.wait()
-            log.info("SIGTERM: stopping")
+            log.info("SIGTERM: shutting down")
         finally:
             if handled:  # (removing one never added raises where there are no signals)
                 loop.remove_signal_handler(signal.SIGTERM)
@@ -232,12 +273,18 @@ class Server:
     # ------------------------------------------------------------------ HTTP
 
     async def healthz(self, request: Request) -> Response:
-        healthy, failure = self.engine.healthy, self.store.failure
-        state = "ok" if healthy and failure is None else "model worker exited" if not healthy else "degraded"
+        """200 "ok", or 503 with why not: "draining", the model worker "restarting" or
+        "exited", or "degraded" (the store or the spool cannot write: a "reason")."""
+        engine = self.engine
+        failures = [f"transcript store: {self.store.failure}" if self.store.failure else "",
+                    f"audio spool: {self.spool.failure}" if self.spool.failure else ""]
+        reason = "; ".join(f for f in failures if f)
+        state = ("draining" if self.ctx.draining else "restarting" if engine.restarting
+                 else "model worker exited" if not engine.healthy else "degraded" if reason else "ok")
         body = {"status": state, "model": self.ctx.model_name,
-                "sessions": len(self.sessions), "device": str(self.engine.bundle.device)}
-        if failure is not None:
-            body["reason"] = f"transcript store: {failure}"
+                "sessions": len(self.sessions), "device": str(engine.bundle.device)}
+        if reason:
+            body["reason"] = reason
         status = HTTPStatus.OK if state == "ok" else HTTPStatus.SERVICE_UNAVAILABLE
         return Response(json.dumps(body), status.value, media_type="application/json",
                         headers={"Cache-Control": "no-store"})
@@ -295,6 +342,10 @@ class Server:
         return behind > 0 and 2 * behind >= len(self.sessions)
 
     def _refusal(self) -> tuple[str, str] | None:
+        if self.ctx.draining:
+            return "draining", "server shutting down"
+        if not self.engine.healthy:
+            return "worker", "the model worker is restarting"
         if len(self.sessions) >= self.config.max_sessions:
             return "max_sessions", f"server at capacity ({self.config.max_sessions} sessions)"
         if self.overloaded():

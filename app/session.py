@@ -21,7 +21,7 @@ import math
 import secrets
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from app.config import ServerConfig
 from app.connection import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Connection, Disconnected
 from app.engine_loop import EngineLoop
 from app.metrics import Metrics
+from app.spool import SessionSpool, Spool
 from app.store import TranscriptStore
 from audio.io import check_stream_rate
 from audio.stream import StreamResampler
@@ -52,9 +53,12 @@ class ServerContext:
     loop: EngineLoop
     metrics: Metrics
     store: TranscriptStore
+    spool: Spool
     model_name: str
     multilingual: bool  # the model transcribes languages other than English
     resumable: dict[str, Session] = field(default_factory=dict)  # resume token -> session
+    draining: bool = False  # the server is shutting down: no new sessions or files
+    stopping: bool = False  # ... and its drain is over: what is left is given up
     uploads: int = 0  # files being transcribed over HTTP (app/upload.py)
 
 
@@ -86,6 +90,16 @@ def _finite(text: str) -> float:
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
+
+
+async def _first(*waits: Awaitable[Any], timeout: float | None = None) -> None:
+    """Wait until the first of `waits` is done (or `timeout`); cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def words_json(words: list[Word]) -> list[dict[str, Any]]:
@@ -121,8 +135,13 @@ class Session:
         self.attached = asyncio.Event()  # set when a resume takes the session over
         self.finishing = False  # no resume any more: the rest is being transcribed
         self.ended = False
+        self.transcribed = False  # the engine's last output was handled
         self.resume_token: str | None = None
         self.store_warned = False  # the client was told the store cannot write now
+        self.spool: SessionSpool | None = None  # the received audio on disk (from run())
+        self.done_ms = 0  # no later engine output has words before this
+        self.input_stopped = asyncio.Event()  # set by stop_input
+        self.receiving: asyncio.Future | None = None  # the read of the next message
         if self.resumable and ctx.config.resume_grace_s > 0:
             self.resume_token = secrets.token_urlsafe(24)
             ctx.resumable[self.resume_token] = self
@@ -132,6 +151,7 @@ class Session:
     async def run(self) -> None:
         """Serve the first connection; return when the session ended or a resume took over."""
         self.ctx.loop.open(self.id, self.outputs.put_nowait)
+        self.spool = self.ctx.spool.open(self.id, self.protocol)
         self.ctx.metrics.sessions_total.labels(self.protocol).inc()
         self.writer = asyncio.create_task(self._write_loop(), name=f"writer-{self.id}")
         try:
@@ -171,11 +191,9 @@ class Session:
         if self.resume_token is None or self.closing:
             return False
         self.attached.clear()
-        attached = asyncio.create_task(self.attached.wait())
         assert self.writer is not None
-        await asyncio.wait([attached, self.writer], timeout=self.ctx.config.resume_grace_s,
-                           return_when=asyncio.FIRST_COMPLETED)  # (the writer ends on an engine error)
-        attached.cancel()
+        await _first(self.attached.wait(), self.input_stopped.wait(), asyncio.shield(self.writer),
+                     timeout=self.ctx.config.resume_grace_s)  # (the writer ends on an engine error)
         return self.attached.is_set()
 
     async def _end(self) -> None:
@@ -186,15 +204,19 @@ class Session:
             self._feed(self.resampler.flush())
             self.ctx.loop.finish(self.id)
             assert self.writer is not None
-            await self.writer
-            if self.connected:
+            await asyncio.wait({self.writer})  # (not cancelled with this task: abort() does that)
+            if self.transcribed and self.connected:
                 await self.on_finished()
                 await self.ws.close(self.close_code, self.close_reason)
         finally:
             self.ended = True
-            self.ctx.store.close(self.id)
+            stored = self.ctx.store.close(self.id)
+            if self.spool is not None:  # kept unless all is stored: the next start recovers it
+                self.spool.remove() if stored and self.transcribed else self.spool.close()
 
     def abort(self) -> None:
+        """Drop the session (the server stops, or a fault): its spool stays for the next
+        start to transcribe."""
         self.on_abort()
         self._stop_resume()
         self.ctx.loop.abort(self.id)
@@ -202,6 +224,8 @@ class Session:
             self.writer.cancel()
         self.ended = True
         self.ctx.store.close(self.id)
+        if self.spool is not None:
+            self.spool.close()
 
     def _stop_resume(self) -> None:
         self.finishing = True
@@ -213,7 +237,7 @@ class Session:
         idle = self.ctx.config.idle_timeout_s
         while not self.closing and self.ws is ws:
             try:
-                message = await asyncio.wait_for(ws.recv(), idle)
+                message = await self._receive(ws, idle)
             except TimeoutError:
                 await self.send_error("idle_timeout", f"no message for {idle:g} s; closing")
                 self.close_code, self.close_reason = self.on_idle(idle)
@@ -222,6 +246,8 @@ class Session:
                 if self.ws is ws:
                     self.connected = False
                 return e.dropped
+            if message is None:  # the server ended this session's input (a drain)
+                return False
             try:
                 if isinstance(message, bytes):
                     await self.on_binary(message)
@@ -232,6 +258,32 @@ class Session:
                 await self.send_error("internal_error", "the server could not handle that message")
             await self._pace()
         return False
+
+    async def _receive(self, ws: Connection, idle: float) -> bytes | str | None:
+        """The next message, or None once `stop_input` was called. TimeoutError after
+        `idle` seconds; Disconnected when the connection ended."""
+        if self.input_stopped.is_set():
+            return None
+        self.receiving = recv = asyncio.ensure_future(ws.recv())
+        try:
+            done, _ = await asyncio.wait({recv}, timeout=idle)
+        finally:
+            self.receiving = None
+            recv.cancel()  # (a no-op once done)
+        if recv.cancelled():
+            return None
+        if not done:
+            raise TimeoutError
+        return recv.result()
+
+    def stop_input(self, code: int, reason: str) -> None:
+        """End the session's input now (the server is shutting down): what it received is
+        transcribed and sent, then the connection closes with `code`."""
+        self.closing = True
+        self.close_code, self.close_reason = code, reason
+        self.input_stopped.set()
+        if self.receiving is not None:
+            self.receiving.cancel()
 
     async def _pace(self) -> None:
         """Warn a client that is ahead of the engine; stop reading while it is far ahead."""
@@ -246,7 +298,7 @@ class Session:
                 f"results are delayed (reading pauses beyond {config.max_backlog_s:g} s)",
                 backlog_ms=int(backlog * 1000))
         if backlog >= config.max_backlog_s:  # TCP backpressure: no data is dropped
-            await loop.wait_backlog_below(self.id, config.max_backlog_s)
+            await _first(loop.wait_backlog_below(self.id, config.max_backlog_s), self.input_stopped.wait())
 
     async def _write_loop(self) -> None:
         while True:
@@ -254,9 +306,13 @@ class Session:
             try:
                 async with self.output_lock:
                     await self._handle_output(output)
+                if self.spool is not None and output.error is None:
+                    self.done_ms = max(self.done_ms, output.done_ms)
+                    self.spool.release(self.stored_ms())
             except Exception:  # never leave the session without its writer
                 log.exception("session %s: output handling failed", self.id)
             if output.finished:
+                self.transcribed = True
                 return
 
     async def _handle_output(self, output: EngineOutput) -> None:
@@ -317,6 +373,8 @@ class Session:
     def _feed(self, samples: np.ndarray) -> None:
         if samples.size:
             self.num_fed += samples.size
+            if self.spool is not None:  # on disk before the engine has it
+                self.spool.write(samples)
             self.ctx.loop.add_audio(self.id, samples)
             self.on_fed(samples)
 
@@ -358,6 +416,10 @@ class Session:
     # ------------------------------------------------------------------ protocol hooks
 
     async def on_open(self) -> None: ...
+
+    def stored_ms(self) -> int:
+        """Audio before this is transcribed and its text stored (its spool can go)."""
+        return self.done_ms
 
     async def on_text(self, text: str) -> None: ...
 

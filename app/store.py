@@ -79,12 +79,14 @@ class TranscriptStore:
                 self._forget(session_id)
         return not self.pending
 
-    def close(self, session_id: str) -> None:
-        """The session ended: write what is pending (or keep it for `retry`)."""
+    def close(self, session_id: str) -> bool:
+        """The session ended: write what is pending (or keep it for `retry`) -> whether its
+        whole transcript is written."""
         if self._write(session_id):
             self._forget(session_id)
-        else:
-            self.closed.add(session_id)
+            return True
+        self.closed.add(session_id)
+        return False
 
     def _forget(self, session_id: str) -> None:
         self.sizes.pop(session_id, None)
@@ -93,6 +95,26 @@ class TranscriptStore:
     @property
     def num_pending(self) -> int:
         return sum(len(lines) for lines in self.pending.values())
+
+    def covered_ms(self, session_id: str) -> int:
+        """The end of the session's stored transcript, in its audio ms (0: none), for a
+        recovery to go on from. A half-written last line (the server died in a write) is cut."""
+        path = self.path(session_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        whole = data[: data.rfind(b"\n") + 1]
+        if len(whole) < len(data):
+            with open(path, "r+b") as f:
+                f.truncate(len(whole))
+        end = 0
+        for line in whole.splitlines():
+            try:
+                end = max(end, int(json.loads(line).get("end_ms", 0)))
+            except (ValueError, TypeError, AttributeError):
+                continue
+        return end
 
     def read(self, session_id: str) -> list[dict[str, Any]]:
         path = self.path(session_id)

@@ -36,6 +36,10 @@ T = TypeVar("T")
 class UploadError(RuntimeError):
     """The engine could not transcribe the file (not the client's fault)."""
 
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.INTERNAL_SERVER_ERROR):
+        super().__init__(message)
+        self.status = status
+
 
 @dataclass
 class UploadResult:
@@ -56,6 +60,8 @@ def admit_upload(ctx: ServerContext, request: Request) -> tuple[HTTPStatus, str]
     if not length.isdigit() or int(length) > config.max_upload_bytes:
         return (HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 f"the upload is over the limit of {config.max_upload_bytes >> 20} MiB")
+    if ctx.draining:
+        return HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down; try another or later"
     if not ctx.loop.engine.healthy:
         return HTTPStatus.SERVICE_UNAVAILABLE, "the model worker is not running; try again later"
     if ctx.uploads >= config.max_uploads:
@@ -89,8 +95,9 @@ async def probe_upload(source: BinaryIO, raw: RawFormat | None = None) -> None:
     await asyncio.to_thread(probe, source, raw)
 
 
-async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Await `work`; cancel it and raise ClientGone if the client disconnects meanwhile."""
+async def until_disconnected(ctx: ServerContext, request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Await `work`; cancel it and raise ClientGone if the client disconnects meanwhile, or
+    UploadError (503) if the server stops (its drain is over)."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -99,6 +106,9 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
                 return task.result()
             if await request.is_disconnected():
                 raise ClientGone()
+            if ctx.stopping:
+                raise UploadError("the server is shutting down; send the file again",
+                                  HTTPStatus.SERVICE_UNAVAILABLE)
     finally:
         task.cancel()
 
@@ -128,12 +138,26 @@ async def transcribe_upload(ctx: ServerContext, source: BinaryIO, on_words: Word
     newly committed words as it comes (for a streamed response). AudioError for a file
     that cannot be decoded (nothing else is transcribed then); UploadError if the engine
     failed. Cancelled (the client went away): the request is aborted."""
+    pieces = _pieces(source, ctx.config.max_upload_s, raw)
+    try:
+        return await transcribe_pieces(ctx, pieces, on_words, ctx.metrics.upload_audio_seconds.inc)
+    finally:
+        try:
+            pieces.close()
+        except ValueError:  # still decoding in its thread (cancelled meanwhile); it ends there
+            pass
+
+
+async def transcribe_pieces(ctx: ServerContext, pieces: Iterator[np.ndarray],
+                            on_words: WordsCallback | None = None,
+                            on_seconds: Callable[[float], None] | None = None) -> UploadResult:
+    """Transcribe (n,) float32 16 kHz pieces (read in a worker thread) as a background
+    request of the engine loop -> the words, in ms from the first piece's start."""
     loop, request_id = ctx.loop, new_id("file")
     outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
     loop.open(request_id, outputs.put_nowait, background=True)
     result = UploadResult()
     collector = asyncio.create_task(_collect(outputs, result, on_words))
-    pieces = _pieces(source, ctx.config.max_upload_s, raw)
     num_fed = 0
     try:
         while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
@@ -141,7 +165,8 @@ async def transcribe_upload(ctx: ServerContext, source: BinaryIO, on_words: Word
                 break  # the engine failed; the collector raises below
             loop.add_audio(request_id, piece)
             num_fed += piece.size
-            ctx.metrics.upload_audio_seconds.inc(piece.size / SAMPLE_RATE)
+            if on_seconds is not None:
+                on_seconds(piece.size / SAMPLE_RATE)
             await loop.wait_backlog_below(request_id, AHEAD_S)
         loop.finish(request_id)
         await collector
@@ -149,11 +174,6 @@ async def transcribe_upload(ctx: ServerContext, source: BinaryIO, on_words: Word
         loop.abort(request_id)
         collector.cancel()
         raise
-    finally:
-        try:
-            pieces.close()
-        except ValueError:  # still decoding in its thread (cancelled meanwhile); it ends there
-            pass
     result.duration_s = num_fed / SAMPLE_RATE
     return result
 

@@ -22,6 +22,15 @@ class EncoderCacheManager:
         self.num_queries = 0  # check_and_update_cache calls (for /metrics)
         self.num_hits = 0  # ... that found the hash cached
 
+    def reset(self) -> None:
+        """Forget every entry (the runner holding the tensors was replaced); counters stay."""
+        self.num_free_slots = self.cache_size
+        self.cached.clear()
+        self.sizes.clear()
+        self.freeable.clear()
+        self.freed.clear()
+        self.request_cached_ids.clear()
+
     def check_and_update_cache(self, request_id: str, mm_hash: str) -> bool:
         """If `mm_hash` is cached, add a reference from the request and return True."""
         self.num_queries += 1

@@ -9,6 +9,7 @@ per session. One `Stream` (engine/stream.py) owns each session's state.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,11 +25,14 @@ from engine.processor_cache import ProcessorCache
 from engine.request import RequestStatus, fill_placeholders
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.stream import EngineOutput, Stream, hash_key
-from engine.worker import RunnerProcess, can_share
+from engine.worker import RunnerProcess, WorkerError, can_share
 
 __all__ = ["Engine", "EngineOutput", "StepInput", "StepStats"]
 
 log = logging.getLogger(__name__)
+
+MAX_RESTARTS = 3  # model worker restarts within RESTART_WINDOW_S; past that, steps fail
+RESTART_WINDOW_S = 60.0
 
 
 @dataclass
@@ -60,6 +64,10 @@ class Engine:
         # partials only, those could not be placed (a full encoder cache); see final_fell_due
         self.num_due_at_schedule = 0
         self._hash_key = hash_key(bundle.model_id, config.item_samples)
+        self.restarting = False  # a new model worker is starting
+        self.restart_times: list[float] = []  # of the restarts within RESTART_WINDOW_S
+        self.num_restarts = 0
+        self.runner_reset = False  # a new worker runs: the encoder cache bookkeeping is stale
 
     def _start_runner(self) -> ModelRunner | RunnerProcess:
         config, bundle = self.config, self.bundle
@@ -173,6 +181,8 @@ class Engine:
         the scheduler skips it, so the next step can be scheduled while this one executes.
         """
         self.stop_partials.clear()
+        if self.runner_reset:
+            self._forget_encoded()
         self.hear()
         for stream in self.streams.values():
             stream.skip_silence()
@@ -203,6 +213,14 @@ class Engine:
         snapshot, and the scheduler never hands out a request that is in flight."""
         try:
             return self.runner.execute(step.model_input, self.stop_partials.is_set)
+        except WorkerError as e:
+            log.error("model step failed: %s", e)
+            if self.restart_runner():  # the step's windows are scheduled again
+                return RunnerOutput([WindowResult(w.request_id, [], w.final, w.preview, cancelled=True)
+                                     for w in step.scheduled.windows])
+            error = f"{type(e).__name__}: {e}"
+            return RunnerOutput([WindowResult(w.request_id, [], w.final, error=error)
+                                 for w in step.scheduled.windows])
         except Exception as e:  # a fault outside one window's decode: fail this step's sessions
             log.exception("model runner step failed")
             error = f"{type(e).__name__}: {e}"
@@ -250,10 +268,41 @@ class Engine:
         self.hear()
         return any(self.scheduler.is_ready(s.request) for s in self.streams.values())
 
+    def restart_runner(self) -> bool:
+        """Start the model worker again after it died (from any thread) -> whether one runs.
+        A worker that keeps dying (MAX_RESTARTS in RESTART_WINDOW_S) is left dead for a
+        while: the steps fail their sessions instead of being retried forever."""
+        if not isinstance(self.runner, RunnerProcess):
+            return False
+        now = time.monotonic()
+        self.restart_times = [t for t in self.restart_times if now - t < RESTART_WINDOW_S]
+        if len(self.restart_times) >= MAX_RESTARTS:
+            return False
+        self.restart_times.append(now)
+        self.restarting = True
+        try:
+            self.runner.restart()
+        except WorkerError as e:
+            log.error("the model worker did not start again: %s", e)
+            return False
+        finally:
+            self.restarting = False
+        self.num_restarts += 1
+        self.runner_reset = True
+        log.warning("the model worker process died and was started again")
+        return True
+
+    def _forget_encoded(self) -> None:
+        """A new worker has no encoded items: every request encodes again what it still uses."""
+        self.runner_reset = False
+        self.scheduler.encoder_cache.reset()
+        for stream in self.streams.values():
+            stream.request.num_encoded_items = stream.request.num_freed_items
+
     @property
     def healthy(self) -> bool:
-        """False once the worker process the model runs in has exited."""
-        return self.runner.alive
+        """False while the worker process the model runs in is dead or restarting."""
+        return self.runner.alive and not self.restarting
 
     def close(self) -> None:
         """Stop the worker process, if the model runs in one (the engine is unusable after)."""

@@ -47,6 +47,7 @@ class EngineOutput:
     finished: bool = False  # the request is done; no more outputs
     flushed_ms: int | None = None  # set when a flush completed: all audio before it is committed
     error: str | None = None
+    done_ms: int = 0  # no later output has words before this (received-audio ms)
 
     @property
     def flushed(self) -> bool:
@@ -323,7 +324,8 @@ class Stream:
                 request.status = RequestStatus.FINISHED
         return EngineOutput(self.request_id, self.padding.audio_words(update.committed),
                             self.padding.audio_words(update.tentative), finished=done,
-                            flushed_ms=flushed_ms)
+                            flushed_ms=flushed_ms,
+                            done_ms=self.padding.audio_ms(positions_to_ms(request.window_start)))
 
     def _facts(self, result: WindowResult) -> commit.WindowFacts:
         """What the commit rules need of the window a result decoded (the scheduler noted its

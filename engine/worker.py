@@ -10,8 +10,10 @@ its own the runner has an interpreter to itself.
 ModelInput through a pipe and sends back the RunnerOutput. The model's weights are shared
 with it, not copied (torch.multiprocessing: shared memory on the CPU, CUDA IPC on a GPU).
 Giving up a step of partials goes through an event both processes see (`stop_event`, which
-the engine uses as its `stop_partials`). If the worker dies, every later step fails with
-WorkerError, and the engine fails those steps' sessions.
+the engine uses as its `stop_partials`). If the worker dies, the step in flight raises
+WorkerError; the engine starts a new worker (`restart`) and schedules the step's windows
+again. A worker whose server died (kill -9) exits within `PARENT_POLL_S`: the pipe's end
+tells it only once it is waiting for a step.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # the worker imports torch and maps the shared weights
 STOP_TIMEOUT_S = 10.0
+PARENT_POLL_S = 0.5
 
 
 class WorkerError(RuntimeError):
@@ -73,6 +76,7 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
     """The worker's loop: a ModelInput in, its RunnerOutput (or exception) out; an Inject in,
     None out; until it gets None or the engine's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server, which stops us
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     torch.set_num_threads(num_threads)
     runner = ModelRunner(bundle, ProcessorCache(processor_cache_bytes), pad_seconds, preview_pad_seconds)
     conn.send("ready")
@@ -96,6 +100,13 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
                 conn.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End this process soon after its server died, even in the middle of a step."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
+
+
 @dataclass
 class Inject:
     """Features processed elsewhere, for the worker's processor cache (ModelRunner.inject)."""
@@ -109,20 +120,34 @@ class RunnerProcess:
 
     def __init__(self, bundle: ModelBundle, pad_seconds: int | None = None,
                  preview_pad_seconds: int | None = None, processor_cache_bytes: int = 64 << 20):
-        ctx = mp.get_context("spawn")
-        self.stop_event = ctx.Event()
-        self._conn, child = ctx.Pipe()
-        self._lock = threading.Lock()  # a step's send and its reply belong together
-        self.process = ctx.Process(
-            target=_serve, name="voxtide-model", daemon=True,
-            args=(child, self.stop_event, bundle, pad_seconds, preview_pad_seconds,
-                  processor_cache_bytes, torch.get_num_threads()))
+        self._mp = mp.get_context("spawn")
+        self.stop_event = self._mp.Event()
+        self._lock = threading.RLock()  # a step's send and its reply belong together
+        self._args = (self.stop_event, bundle, pad_seconds, preview_pad_seconds,
+                      processor_cache_bytes, torch.get_num_threads())
+        self._start()
+
+    def _start(self) -> None:
+        self._conn, child = self._mp.Pipe()
+        self.process = self._mp.Process(target=_serve, name="voxtide-model", daemon=True,
+                                        args=(child, *self._args))
         self.process.start()
         child.close()  # the worker holds the other end once started: its exit ends our recv()
         if not self._wait_ready():
             self.close()
             raise WorkerError(f"the model worker process did not start "
                               f"(exit code {self.process.exitcode})")
+
+    def restart(self) -> None:
+        """Start a new worker in place of one that died (its encoder and processor caches
+        are gone with it). WorkerError if it does not start."""
+        with self._lock:
+            self._conn.close()
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
+            self.stop_event.clear()
+            self._start()
 
     def _wait_ready(self) -> bool:
         """Wait for the worker's "ready", or its exit (a worker that dies while starting may

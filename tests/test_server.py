@@ -400,10 +400,12 @@ async def test_engine_failure_ends_only_that_session(tmp_path, monkeypatch):
         assert server.engine.num_requests == 0
 
 
-async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_health(tmp_path):
+async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp_path, monkeypatch):
     """`voxtide serve` runs the model in a worker process: the same words as offline; features
     injected through the engine reach the processor cache in the worker, and its hits show in
-    /metrics; if the worker dies, sessions get an engine error and /healthz says 503."""
+    /metrics. If the worker dies in the middle of a session, a new one starts and the session
+    goes on to the same words; one that keeps dying fails its sessions and /healthz says 503."""
+    monkeypatch.setattr("engine.engine.MAX_RESTARTS", 1)
     samples, _ = clip("0890")
     async with running_server(tmp_path, EngineConfig(worker_process=True)) as server:
         engine = server.engine
@@ -421,12 +423,42 @@ async def test_the_model_worker_process_serves_and_its_exit_fails_sessions_and_h
         metrics = (await http_get(server, "/metrics"))[2].decode()
         hits = re.search(r"^voxtide_processor_cache_hits_total (\S+)", metrics, re.M)
         assert hits and float(hits.group(1)) >= len(set(hashes)) > 50, metrics
-        server.engine.runner.process.kill()
-        messages, ws = await listen(server, samples)
-        assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "engine_error"
-        assert "WorkerError" in messages[-1]["description"] and ws.close_code == 1011
+
+        worker = engine.runner.process
+        received, ws = await _listen_killing_the_worker(server, samples)
+        assert engine.runner.process is not worker and engine.num_restarts == 1
+        assert finals_text(received) == GOLDEN["0890"] and received[-1]["type"] == "Metadata"
+        metrics = (await http_get(server, "/metrics"))[2].decode()
+        assert re.search(r"^voxtide_worker_restarts_total 1.0$", metrics, re.M), metrics
+        assert (await http_get(server, "/healthz"))[0] == 200
+
+        received, ws = await _listen_killing_the_worker(server, samples)  # again within the minute
+        assert received[-1]["type"] == "Error" and received[-1]["code"] == "engine_error"
+        assert "WorkerError" in received[-1]["description"] and ws.close_code == 1011
         status, _, body = await http_get(server, "/healthz")
         assert status == 503 and json.loads(body)["status"] == "model worker exited"
+        async with connect(url(server, "/v1/listen")) as ws:  # no new sessions meanwhile
+            await receive_all(ws)
+        assert ws.close_code == 1013 and "restarting" in ws.close_reason
+
+
+async def _listen_killing_the_worker(server, samples: torch.Tensor) -> tuple[list[dict], typing.Any]:
+    """Stream half a clip, kill the model worker once a result came, stream the rest, close."""
+    pcm = pcm16_at(samples, 16000)
+    half = len(pcm) // 4 * 2
+    received: list[dict] = []
+    async with connect(url(server, "/v1/listen?encoding=linear16&sample_rate=16000")) as ws:
+        reader = asyncio.create_task(receive_all(ws, into=received))
+        await ws.send(pcm[:half])
+        await wait_until(lambda: any(m["type"] == "Results" and transcript(m) for m in received))
+        server.engine.runner.process.kill()
+        try:
+            await ws.send(pcm[half:])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+        except ConnectionClosed:
+            pass
+        await reader
+    return received, ws
 
 
 def test_voxtide_serve_runs_the_model_in_a_worker_and_stops_cleanly_on_sigterm(tmp_path):
@@ -458,7 +490,7 @@ def test_voxtide_serve_runs_the_model_in_a_worker_and_stops_cleanly_on_sigterm(t
     finally:
         if server.poll() is None:
             server.kill()
-    assert server.returncode == 0 and "SIGTERM: stopping" in output, output
+    assert server.returncode == 0 and "SIGTERM: shutting down" in output, output
     assert "Traceback" not in output, output
     assert not Path(f"/proc/{workers[0]}").exists() or \
         Path(f"/proc/{workers[0]}/stat").read_text().split()[2] == "Z"  # exited (or not yet reaped)
@@ -474,6 +506,12 @@ async def test_realtime_clear_drops_the_uncommitted_audio(tmp_path):
             await realtime_append(ws, dropped)
             await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
             await next_event(ws, "input_audio_buffer.cleared")
+            [session] = server.sessions.values()
+            for _ in range(20):  # appends and clears with no words between: one range
+                await realtime_append(ws, torch.zeros(1600))
+                await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+                await next_event(ws, "input_audio_buffer.cleared")
+            assert len(session.cleared) == 1
             await realtime_append(ws, kept)
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             events: list[dict] = []
