@@ -120,6 +120,7 @@ class RunnerProcess:
 
     def __init__(self, bundle: ModelBundle, pad_seconds: int | None = None,
                  preview_pad_seconds: int | None = None, processor_cache_bytes: int = 64 << 20):
+        self.closed = False  # by close(): no restart then
         self._mp = mp.get_context("spawn")
         self.stop_event = self._mp.Event()
         self._lock = threading.RLock()  # a step's send and its reply belong together
@@ -134,7 +135,9 @@ class RunnerProcess:
         self.process.start()
         child.close()  # the worker holds the other end once started: its exit ends our recv()
         if not self._wait_ready():
-            self.close()
+            self._conn.close()
+            self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
             raise WorkerError(f"the model worker process did not start "
                               f"(exit code {self.process.exitcode})")
 
@@ -142,6 +145,8 @@ class RunnerProcess:
         """Start a new worker in place of one that died (its encoder and processor caches
         are gone with it). WorkerError if it does not start."""
         with self._lock:
+            if self.closed:
+                raise WorkerError("the model worker process was stopped")
             self._conn.close()
             if self.process.is_alive():
                 self.process.kill()
@@ -195,6 +200,7 @@ class RunnerProcess:
     def close(self) -> None:
         """Ask the worker to exit; terminate it if it does not."""
         with self._lock:
+            self.closed = True
             if not self._conn.closed:
                 try:
                     self._conn.send(None)

@@ -14,11 +14,13 @@ split into missing (gaps) and extra (duplicates) words, and records that overlap
 Audio a client sent that the dying server had not read yet is lost with it (it was never
 accepted): that, and words cut at a kill, are the boundary effects.
 
-Also measured: how long the model worker outlives its killed server, and the seconds of
-audio recovered from the spool at each restart.
+`--fault term` sends SIGTERM instead (a 2 s drain: sessions get what was done and a 1001);
+`--fault worker` kills the model worker instead, and the server goes on with its sessions.
+Also measured: how long the model worker outlives its killed server, the SIGTERM exit time,
+the worker's restart time, and the seconds of audio recovered from the spool.
 
     scripts/dev.sh run python scripts/chaos.py [--sessions 8] [--rounds 5] [--seed 1] \
-        [--speed 1] [--loops 2] [--json out.json]
+        [--fault kill] [--speed 1] [--loops 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -236,14 +238,38 @@ def overlaps(words: list[dict], tolerance_ms: int = 200) -> int:
     return sum(b["start_ms"] < a["end_ms"] - tolerance_ms for a, b in zip(words, words[1:], strict=False))
 
 
-async def run_clients(clients: list[Client], url: str, until: float | None) -> None:
-    """Stream every unfinished client, until all are done or `until` (monotonic) passes."""
-    tasks = [asyncio.create_task(c.stream(url)) for c in clients if not c.done]
-    timeout = None if until is None else max(0.0, until - time.monotonic())
-    await asyncio.wait(tasks, timeout=timeout)
+async def run_clients(clients: list[Client], url: str) -> None:
+    """Stream every unfinished client until all are done or their connections dropped."""
+    await asyncio.gather(*(c.stream(url) for c in clients if not c.done))
 
 
-async def wait_recovered(server: ServerProcess, clients: list[Client], timeout: float = 600.0) -> None:
+async def fault_round(clients: list[Client], server: ServerProcess, seconds: float, fault: str) -> dict:
+    """Stream for `seconds`, then the fault: "kill" (SIGKILL the server), "term" (SIGTERM:
+    a drain) or "worker" (SIGKILL its model worker; the server goes on) -> what was seen."""
+    tasks = [asyncio.create_task(c.stream(server.url)) for c in clients if not c.done]
+    await asyncio.sleep(seconds)
+    seen: dict = {}
+    if fault == "kill":
+        seen["worker_exit_s"] = await asyncio.to_thread(server.kill)
+    elif fault == "term":
+        started = time.monotonic()
+        seen["exit_code"] = await asyncio.to_thread(server.terminate)
+        seen["term_s"] = time.monotonic() - started
+    else:
+        worker = server.worker_pid()
+        assert worker is not None
+        os.kill(worker, signal.SIGKILL)
+        started = time.monotonic()
+        while server.worker_pid() in (None, worker) or server.health()[0] != 200:
+            await asyncio.sleep(0.05)
+        seen["restart_s"] = time.monotonic() - started
+    if fault != "worker":
+        await asyncio.gather(*tasks)  # their connections dropped or were closed
+    seen["spooled_sessions"] = len(server.spooled_sessions())
+    return seen
+
+
+async def wait_recovered(server: ServerProcess, timeout: float = 600.0) -> None:
     """Until the spool is empty: recovery and the last sessions are done."""
     deadline = time.monotonic() + timeout
     while server.spooled_sessions() and time.monotonic() < deadline:
@@ -253,33 +279,28 @@ async def wait_recovered(server: ServerProcess, clients: list[Client], timeout: 
 def uninterrupted(clients: list[Client], data_dir: Path, args: tuple[str, ...]) -> list[list[dict]]:
     server = ServerProcess(data_dir, args=args)
     server.start()
-    asyncio.run(run_clients(clients, server.url, None))
+    asyncio.run(run_clients(clients, server.url))
     server.terminate()
     return [c.words(data_dir) for c in clients]
 
 
-def chaos(clients: list[Client], data_dir: Path, rounds: int, rng: random.Random,
+def chaos(clients: list[Client], data_dir: Path, rounds: int, rng: random.Random, fault: str,
           args: tuple[str, ...]) -> dict:
     server = ServerProcess(data_dir, args=args)
-    worker_exit_s, spooled = [], []
-    for _ in range(rounds):
-        server.start()
-        until = time.monotonic() + rng.uniform(4.0, 16.0)
-        asyncio.run(run_clients(clients, server.url, until))
-        exited = server.kill()
-        if exited is not None:
-            worker_exit_s.append(exited)
-        spooled.append(len(server.spooled_sessions()))
+    seen = []
     server.start()
-    asyncio.run(run_clients(clients, server.url, None))
-    asyncio.run(wait_recovered(server, clients))
+    for _ in range(rounds):
+        seen.append(asyncio.run(fault_round(clients, server, rng.uniform(4.0, 16.0), fault)))
+        if fault != "worker":
+            server.start()
+    asyncio.run(run_clients(clients, server.url))
+    asyncio.run(wait_recovered(server))
     left = server.spooled_sessions()
     code = server.terminate()
     recovered = [float(m.group(1)) for m in re.finditer(r"recovered \S+: ([\d.]+) s of audio",
                                                         server.log.read_text())]
-    return {"worker_exit_s": worker_exit_s, "spooled_sessions_at_kill": spooled,
-            "recovered_sessions": len(recovered), "recovered_audio_s": round(sum(recovered), 1),
-            "spool_left": left, "exit_code": code}
+    return {"rounds_seen": seen, "recovered_sessions": len(recovered),
+            "recovered_audio_s": round(sum(recovered), 1), "spool_left": left, "exit_code": code}
 
 
 def main() -> int:
@@ -290,6 +311,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--speed", type=float, default=1.0, help="x real time")
     parser.add_argument("--loops", type=int, default=2, help="times each client's passage is repeated")
+    parser.add_argument("--fault", choices=("kill", "term", "worker"), default="kill",
+                        help="kill -9 the server, SIGTERM it (drain 2 s), or kill -9 its model worker")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -299,7 +322,9 @@ def main() -> int:
         base = [Client(pcm, args.speed) for pcm in audio]
         reference = uninterrupted(base, Path(tmp) / "reference", server_args)
         clients = [Client(pcm, args.speed) for pcm in audio]
-        report = chaos(clients, Path(tmp) / "chaos", args.rounds, rng, server_args)
+        fault_args = ("--drain", "2") if args.fault == "term" else ()
+        report = chaos(clients, Path(tmp) / "chaos", args.rounds, rng, args.fault,
+                       server_args + fault_args)
         rows = []
         for i, (client, ref) in enumerate(zip(clients, reference, strict=True)):
             words = client.words(Path(tmp) / "chaos")
@@ -310,7 +335,8 @@ def main() -> int:
                          "overlapping": overlaps(words), "audio_s": len(client.pcm) / 32000})
     n = sum(r["reference_words"] for r in rows)
     summary = {
-        "sessions": args.sessions, "rounds": args.rounds, "seed": args.seed, "speed": args.speed,
+        "sessions": args.sessions, "rounds": args.rounds, "fault": args.fault, "seed": args.seed,
+        "speed": args.speed,
         "reference_words": n, "missing": sum(r["missing"] for r in rows),
         "extra": sum(r["extra"] for r in rows), "substituted": sum(r["substituted"] for r in rows),
         "overlapping": sum(r["overlapping"] for r in rows),
@@ -321,17 +347,19 @@ def main() -> int:
         print(f"client {r['client']}: {r['sessions']} sessions, {r['words']}/{r['reference_words']} words, "
               f"{r['missing']} missing, {r['extra']} extra, {r['substituted']} substituted, "
               f"{r['overlapping']} overlapping")
-    exits = report["worker_exit_s"]
-    print(f"{args.rounds} kills under {args.sessions} sessions: WER vs uninterrupted "
+    seen = report["rounds_seen"]
+    facts = {key: max(r[key] for r in seen) for key in ("worker_exit_s", "term_s", "restart_s")
+             if seen and key in seen[0] and seen[0][key] is not None}
+    print(f"{args.rounds} x {args.fault} under {args.sessions} sessions: WER vs uninterrupted "
           f"{summary['wer_vs_uninterrupted']:.1%} ({summary['missing']} missing, {summary['extra']} extra, "
           f"{summary['substituted']} substituted of {n}); overlapping words {summary['overlapping']}; "
-          f"worker exit after kill max {max(exits, default=0):.2f} s; recovered "
-          f"{report['recovered_audio_s']} s in {report['recovered_sessions']} sessions; "
-          f"spool left {len(report['spool_left'])}; "
-          f"last exit code {report['exit_code']}")
+          + "".join(f"max {key} {value:.2f}; " for key, value in facts.items())
+          + f"recovered {report['recovered_audio_s']} s in {report['recovered_sessions']} sessions; "
+          f"spool left {len(report['spool_left'])}; last exit code {report['exit_code']}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
-    ok = not report["spool_left"] and report["exit_code"] == 0 and max(exits, default=0) < 2.0
+    ok = (not report["spool_left"] and report["exit_code"] == 0 and facts.get("worker_exit_s", 0) < 2.0
+          and all(r.get("exit_code", 0) == 0 for r in seen))
     return 0 if ok else 1
 
 

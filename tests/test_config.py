@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 
 
 def serve_args(**flags) -> argparse.Namespace:
-    names = ("host", "port", "api_key", "max_sessions", "idle_timeout_s", "data_dir", "config")
+    names = ("host", "port", "api_key", "max_sessions", "idle_timeout_s", "data_dir", "drain_s", "config")
     return argparse.Namespace(**{name: flags.get(name) for name in names})
 
 
@@ -62,7 +62,7 @@ def test_serve_help_shows_a_few_user_flags_with_their_defaults():
         main(["serve", "--help"])
     text = out.getvalue()
     flags = set(re.findall(r"^\s+(--[a-z-]+)", text, re.M)) - {"--help"}
-    assert len(flags) <= 10, flags
+    assert len(flags) <= 11, flags
     assert {"--host", "--port", "--api-key", "--config", "--model"} <= flags
     assert "default: 8000" in text and "default: 16" in text
     assert "docs/architecture.md" in text
