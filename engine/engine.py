@@ -293,11 +293,9 @@ class Engine:
         return True
 
     def _forget_encoded(self) -> None:
-        """A new worker has no encoded items: every request encodes again what it still uses."""
+        """A new worker has no encoded items: the next step encodes again what requests use."""
         self.runner_reset = False
-        self.scheduler.encoder_cache.reset()
-        for stream in self.streams.values():
-            stream.request.num_encoded_items = stream.request.num_freed_items
+        self.scheduler.reset_encoder_cache(s.request for s in self.streams.values())
 
     @property
     def healthy(self) -> bool:

@@ -80,6 +80,7 @@ class Scheduler:
         self.finished_ids: list[str] = []
         self.num_due = 0  # finals numbered so far (Request.due_number)
         self.num_queued = 0  # round-robin numbers given so far (Request.queue_number)
+        self.reencode: dict[str, list[int]] = {}  # request id -> items to encode again (a new runner)
 
     def add_request(self, request: Request) -> None:
         """A new session goes to the back of the round-robin."""
@@ -89,6 +90,7 @@ class Scheduler:
     def finish_request(self, request: Request) -> None:
         """A request ended (finished, aborted or failed): release its cache entries."""
         self.encoder_cache.free(request.request_id)
+        self.reencode.pop(request.request_id, None)
         request.num_freed_items = request.num_encoded_items
         self.finished_ids.append(request.request_id)
 
@@ -133,7 +135,7 @@ class Scheduler:
         counts against max_partials, and where finals go alone (the CPU) it has a step of
         its own, which the engine loop gives up when a live final falls due."""
         windows: list[ScheduledWindow] = []
-        encoder_inputs: dict[str, list[int]] = {}
+        encoder_inputs, self.reencode = self.reencode, {}
         budget = self.config.encoder_budget
         num_positions = num_partials = num_finals = 0
         order = sorted(requests, key=lambda r: r.queue_number)
@@ -155,6 +157,7 @@ class Scheduler:
                 break  # a file's window has a step of its own: it delays no live window
             if not optional and num_finals >= max_finals:
                 continue  # the next step's (its final stays due, and first in order)
+            self.free_behind_window(request)  # (a cut may have skipped items since)
             window = self._window(request, partial)
             new = range(max(request.num_encoded_items, window.item_lo), window.item_hi)
             num_new = sum(request.mm_features[i].mm_position.length for i in new)
@@ -162,7 +165,7 @@ class Scheduler:
                 continue  # no room in this step's budget or the cache; later
             budget -= num_new
             num_positions += num_new
-            encoder_inputs[request.request_id] = list(new)
+            encoder_inputs.setdefault(request.request_id, []).extend(new)
             request.num_encoded_items = window.item_hi
             windows.append(window)
             num_partials += optional
@@ -226,11 +229,28 @@ class Scheduler:
         return True
 
     def free_behind_window(self, request: Request) -> None:
-        """Release the cache entries (and host PCM) of the items behind the window start."""
+        """Release the cache entries (and host PCM) of the items behind the window start.
+        Items a cut skipped before they were encoded (Stream.skip_silence) are never encoded:
+        they count as encoded and freed, with no cache entry to release."""
         features = request.mm_features
         lo, _ = get_mm_features_in_window(features, request.window_start, request.window_start + 1)
-        lo = min(lo, request.num_encoded_items)
         for i in range(request.num_freed_items, lo):
-            self.encoder_cache.free_encoder_input(request.request_id, features[i].identifier)
+            if i < request.num_encoded_items:
+                self.encoder_cache.free_encoder_input(request.request_id, features[i].identifier)
             features[i].data = None
         request.num_freed_items = max(request.num_freed_items, lo)
+        request.num_encoded_items = max(request.num_encoded_items, request.num_freed_items)
+
+    def reset_encoder_cache(self, requests: Iterable[Request]) -> None:
+        """The model runner was replaced (its worker died): it holds no encoder outputs.
+        Every request's cached items (behind its window start: none) are entered anew and
+        encoded again in the next step."""
+        self.encoder_cache.reset()
+        self.reencode.clear()
+        for request in requests:
+            self.free_behind_window(request)
+            held = range(request.num_freed_items, request.num_encoded_items)
+            if self._allocate(request, held):
+                self.reencode[request.request_id] = list(held)
+            else:  # (they fitted in the cache before; just in case) encode them when scheduled
+                request.num_encoded_items = request.num_freed_items

@@ -244,28 +244,37 @@ async def run_clients(clients: list[Client], url: str) -> None:
 
 
 async def fault_round(clients: list[Client], server: ServerProcess, seconds: float, fault: str) -> dict:
-    """Stream for `seconds`, then the fault: "kill" (SIGKILL the server), "term" (SIGTERM:
-    a drain) or "worker" (SIGKILL its model worker; the server goes on) -> what was seen."""
+    """Stream for `seconds`, then SIGKILL the server ("kill") or SIGTERM it ("term": a drain)
+    -> what was seen. The clients' connections end with it."""
     tasks = [asyncio.create_task(c.stream(server.url)) for c in clients if not c.done]
     await asyncio.sleep(seconds)
     seen: dict = {}
     if fault == "kill":
         seen["worker_exit_s"] = await asyncio.to_thread(server.kill)
-    elif fault == "term":
+    else:
         started = time.monotonic()
         seen["exit_code"] = await asyncio.to_thread(server.terminate)
         seen["term_s"] = time.monotonic() - started
-    else:
+    await asyncio.gather(*tasks)
+    seen["spooled_sessions"] = len(server.spooled_sessions())
+    return seen
+
+
+async def worker_rounds(clients: list[Client], server: ServerProcess, pauses: list[float]) -> list[dict]:
+    """The clients stream through every round; after each pause the model worker is killed
+    and the server starts a new one -> each round's restart time."""
+    tasks = [asyncio.create_task(c.stream(server.url)) for c in clients if not c.done]
+    seen = []
+    for pause in pauses:
+        await asyncio.sleep(pause)
         worker = server.worker_pid()
         assert worker is not None
         os.kill(worker, signal.SIGKILL)
         started = time.monotonic()
         while server.worker_pid() in (None, worker) or server.health()[0] != 200:
             await asyncio.sleep(0.05)
-        seen["restart_s"] = time.monotonic() - started
-    if fault != "worker":
-        await asyncio.gather(*tasks)  # their connections dropped or were closed
-    seen["spooled_sessions"] = len(server.spooled_sessions())
+        seen.append({"restart_s": time.monotonic() - started})
+    await asyncio.gather(*tasks)
     return seen
 
 
@@ -287,11 +296,14 @@ def uninterrupted(clients: list[Client], data_dir: Path, args: tuple[str, ...]) 
 def chaos(clients: list[Client], data_dir: Path, rounds: int, rng: random.Random, fault: str,
           args: tuple[str, ...]) -> dict:
     server = ServerProcess(data_dir, args=args)
-    seen = []
     server.start()
-    for _ in range(rounds):
-        seen.append(asyncio.run(fault_round(clients, server, rng.uniform(4.0, 16.0), fault)))
-        if fault != "worker":
+    pauses = [rng.uniform(4.0, 16.0) for _ in range(rounds)]
+    if fault == "worker":
+        seen = asyncio.run(worker_rounds(clients, server, pauses))
+    else:
+        seen = []
+        for pause in pauses:
+            seen.append(asyncio.run(fault_round(clients, server, pause, fault)))
             server.start()
     asyncio.run(run_clients(clients, server.url))
     asyncio.run(wait_recovered(server))
@@ -332,7 +344,9 @@ def main() -> int:
             sub, miss, extra = align_counts(normalize(" ".join(w["word"] for w in ref)), hyp)
             rows.append({"client": i, "sessions": len(client.sessions), "reference_words": len(ref),
                          "words": len(words), "substituted": sub, "missing": miss, "extra": extra,
-                         "overlapping": overlaps(words), "audio_s": len(client.pcm) / 32000})
+                         "overlapping": overlaps(words), "audio_s": len(client.pcm) / 32000,
+                         "text": " ".join(hyp), "uninterrupted": " ".join(w["word"] for w in ref),
+                         "session_starts_s": [first // 32000 for _, first in client.sessions]})
     n = sum(r["reference_words"] for r in rows)
     summary = {
         "sessions": args.sessions, "rounds": args.rounds, "fault": args.fault, "seed": args.seed,

@@ -230,6 +230,8 @@ def test_random_steps_keep_cache_invariants():
     cache = scheduler.encoder_cache
     live: dict[str, Request] = {}
     pool = [f"h{i}" for i in range(30)]  # shared content: duplicates within and across
+    runner: set[str] = set()  # the hashes the model runner holds
+    num_windows = 0
     next_id = 0
     for _ in range(3000):
         action = rng.random()
@@ -247,10 +249,25 @@ def test_random_steps_keep_cache_invariants():
             for _ in range(rng.randint(1, 6)):
                 request.mm_features.append(MMFeature(
                     rng.choice(pool), PlaceholderRange(request.num_positions, 4)))
+            request.last_speech_end = request.num_positions  # speech (decode_only_speech)
+        elif action < 0.63:  # a cut ahead of what was decoded (Stream.skip_silence: no free)
+            request = live[rng.choice(list(live))]
+            request.window_start = rng.randint(request.window_start, request.num_positions)
+            while request.endpoints and request.endpoints[0] <= request.window_start:
+                request.endpoints.popleft()
+        elif action < 0.64:  # a new model worker: its cache is empty (Engine.restart_runner)
+            scheduler.scheduler.reset_encoder_cache(live.values())
+            runner.clear()
         else:
             out = scheduler.schedule()
+            runner.difference_update(out.freed_mm_hashes)
+            for rid, items in out.encoder_inputs.items():
+                runner.update(live[rid].mm_features[i].identifier for i in items)
+            num_windows += len(out.windows)
             for w in out.windows:
                 request = live[w.request_id]
+                needed = {f.identifier for f in request.mm_features[w.item_lo : w.item_hi]}
+                assert needed <= runner, "a window reads items the runner does not hold"
                 if rng.random() < 0.5:  # a commit somewhere in the window
                     scheduler.advance_window(request, rng.randint(w.window_start, w.window_end))
         # invariants
@@ -273,6 +290,7 @@ def test_random_steps_keep_cache_invariants():
         assert refs_total == expected_refs
         used = sum(cache.sizes[h] for h in cache.cached)
         assert cache.num_free_slots == cache.cache_size - used >= 0
+    assert num_windows > 500
     for rid in list(live):
         scheduler.finish_request(rid)
     assert cache.request_cached_ids == {}
