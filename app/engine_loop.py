@@ -122,6 +122,10 @@ class EngineLoop:
         while True:
             if not engine.healthy and not engine.restarting:  # the worker died between steps
                 await asyncio.to_thread(engine.restart_runner)
+                if not engine.healthy:  # it did not start: sessions wait (their audio queues)
+                    self._apply_commands()
+                    await asyncio.sleep(HEALTH_POLL_S)
+                    continue
             self._apply_commands()
             step = engine.schedule()
             if step is not None:

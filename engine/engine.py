@@ -31,8 +31,10 @@ __all__ = ["Engine", "EngineOutput", "StepInput", "StepStats"]
 
 log = logging.getLogger(__name__)
 
-MAX_RESTARTS = 3  # model worker restarts within RESTART_WINDOW_S; past that, steps fail
-RESTART_WINDOW_S = 60.0
+# the worker died in this many steps with none done between: the step's input may be what
+# kills it, so its sessions fail instead of being retried forever
+MAX_DEATHS_IN_A_ROW = 3
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # after failed starts, before the next try
 
 
 @dataclass
@@ -65,7 +67,9 @@ class Engine:
         self.num_due_at_schedule = 0
         self._hash_key = hash_key(bundle.model_id, config.item_samples)
         self.restarting = False  # a new model worker is starting
-        self.restart_times: list[float] = []  # of the restarts within RESTART_WINDOW_S
+        self.deaths_in_a_row = 0  # steps the worker died in since one was done
+        self.failed_starts = 0  # restarts in a row whose worker did not start
+        self.next_restart_at = 0.0  # (monotonic) no restart is tried before
         self.num_restarts = 0
         self.runner_reset = False  # a new worker runs: the encoder cache bookkeeping is stale
 
@@ -212,12 +216,20 @@ class Engine:
         audio, flushes, aborts or schedules on its own thread: it reads only the step's
         snapshot, and the scheduler never hands out a request that is in flight."""
         try:
-            return self.runner.execute(step.model_input, self.stop_partials.is_set)
+            output = self.runner.execute(step.model_input, self.stop_partials.is_set)
+            self.deaths_in_a_row = 0
+            return output
         except WorkerError as e:
             log.error("model step failed: %s", e)
-            if self.restart_runner():  # the step's windows are scheduled again
+            self.deaths_in_a_row += 1
+            restarted = self.restart_runner()
+            if restarted and self.deaths_in_a_row < MAX_DEATHS_IN_A_ROW:  # scheduled again
                 return RunnerOutput([WindowResult(w.request_id, [], w.final, w.preview, cancelled=True)
                                      for w in step.scheduled.windows])
+            if restarted:
+                log.error("the model worker died in %d steps in a row: failing the sessions of the "
+                          "last one", self.deaths_in_a_row)
+            self.deaths_in_a_row = 0
             error = f"{type(e).__name__}: {e}"
             return RunnerOutput([WindowResult(w.request_id, [], w.final, error=error)
                                  for w in step.scheduled.windows])
@@ -270,23 +282,21 @@ class Engine:
 
     def restart_runner(self) -> bool:
         """Start the model worker again after it died (from any thread) -> whether one runs.
-        A worker that keeps dying (MAX_RESTARTS in RESTART_WINDOW_S) is left dead for a
-        while: the steps fail their sessions instead of being retried forever."""
-        if not isinstance(self.runner, RunnerProcess):
+        A worker that does not start is tried again after a growing pause (RESTART_BACKOFF_S)."""
+        if not isinstance(self.runner, RunnerProcess) or time.monotonic() < self.next_restart_at:
             return False
-        now = time.monotonic()
-        self.restart_times = [t for t in self.restart_times if now - t < RESTART_WINDOW_S]
-        if len(self.restart_times) >= MAX_RESTARTS:
-            return False
-        self.restart_times.append(now)
         self.restarting = True
         try:
             self.runner.restart()
         except WorkerError as e:
-            log.error("the model worker did not start again: %s", e)
+            pause = RESTART_BACKOFF_S[min(self.failed_starts, len(RESTART_BACKOFF_S) - 1)]
+            self.failed_starts += 1
+            self.next_restart_at = time.monotonic() + pause
+            log.error("the model worker did not start again (%s); next try in %g s", e, pause)
             return False
         finally:
             self.restarting = False
+        self.failed_starts = 0
         self.num_restarts += 1
         self.runner_reset = True
         log.warning("the model worker process died and was started again")

@@ -98,10 +98,11 @@ class ServerProcess:
 
     def worker_pid(self) -> int | None:
         assert self.process is not None
-        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        for pid in path.read_text().split():
-            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text():
-                return int(pid)
+        # (a restarted worker is the child of the thread that started it)
+        for path in Path(f"/proc/{self.process.pid}/task").glob("*/children"):
+            for pid in path.read_text().split():
+                if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text():
+                    return int(pid)
         return None
 
     def kill(self, timeout: float = 30.0) -> float | None:

@@ -27,6 +27,7 @@ from audio.frames import AudioFramer, LogFloor, item_log_mel
 from engine.config import EngineConfig
 from engine.model.transcribe import transcribe
 from engine.stream import hash_key, item_hash
+from engine.worker import WorkerError
 from scripts.wer import word_errors
 from tests.helpers import audio, bundle, fail_decodes, librivox_path, transcripts
 from tests.server_client import (
@@ -404,8 +405,9 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
     """`voxtide serve` runs the model in a worker process: the same words as offline; features
     injected through the engine reach the processor cache in the worker, and its hits show in
     /metrics. If the worker dies in the middle of a session, a new one starts and the session
-    goes on to the same words; one that keeps dying fails its sessions and /healthz says 503."""
-    monkeypatch.setattr("engine.engine.MAX_RESTARTS", 1)
+    goes on to the same words. A worker that dies in steps in a row fails the last one's
+    sessions; one that does not start again is retried, and meanwhile /healthz says 503 and
+    new sessions get 1013."""
     samples, _ = clip("0890")
     async with running_server(tmp_path, EngineConfig(worker_process=True)) as server:
         engine = server.engine
@@ -430,16 +432,26 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
         assert finals_text(received) == GOLDEN["0890"] and received[-1]["type"] == "Metadata"
         metrics = (await http_get(server, "/metrics"))[2].decode()
         assert re.search(r"^voxtide_worker_restarts_total 1.0$", metrics, re.M), metrics
-        assert (await http_get(server, "/healthz"))[0] == 200
 
-        received, ws = await _listen_killing_the_worker(server, samples)  # again within the minute
+        monkeypatch.setattr("engine.engine.MAX_DEATHS_IN_A_ROW", 1)  # as if it died in a row
+        received, ws = await _listen_killing_the_worker(server, samples)
         assert received[-1]["type"] == "Error" and received[-1]["code"] == "engine_error"
         assert "WorkerError" in received[-1]["description"] and ws.close_code == 1011
+        assert engine.num_restarts == 2 and (await http_get(server, "/healthz"))[0] == 200
+
+        start = engine.runner._start
+        monkeypatch.setattr(engine.runner, "_start", lambda: (_ for _ in ()).throw(WorkerError("no")))
+        engine.runner.process.kill()
+        await wait_until(lambda: engine.failed_starts > 0, 30)
         status, _, body = await http_get(server, "/healthz")
         assert status == 503 and json.loads(body)["status"] == "model worker exited"
         async with connect(url(server, "/v1/listen")) as ws:  # no new sessions meanwhile
             await receive_all(ws)
         assert ws.close_code == 1013 and "restarting" in ws.close_reason
+        monkeypatch.setattr(engine.runner, "_start", start)
+        await wait_until(lambda: engine.healthy, 60)  # tried again after its pause
+        messages, _ = await listen(server, samples)
+        assert finals_text(messages) == GOLDEN["0890"]
 
 
 async def _listen_killing_the_worker(server, samples: torch.Tensor) -> tuple[list[dict], typing.Any]:
