@@ -88,7 +88,7 @@ class RealtimeSession(Session):
 
     async def send_error(self, code: str, message: str, **extra: Any) -> None:
         self.ctx.metrics.client_errors.labels(code).inc()
-        server_side = code in ("engine_error", "rate_limited", "internal_error")
+        server_side = code in ("engine_error", "rate_limited", "internal_error", "server_shutting_down")
         event_id = extra.get("event_id")
         error = events.ErrorDetail(type="server_error" if server_side else "invalid_request_error",
                                    code=code, message=clip_text(message, 300), param=extra.get("param"),

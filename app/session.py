@@ -178,6 +178,8 @@ class Session:
             dropped = await self._read_loop(ws)
             if self.ws is not ws:
                 return  # a resume took over while this connection was still open
+            if self.input_stopped.is_set():
+                await self._say_input_stopped()
             if dropped and await self._wait_for_resume():
                 return
             await self._end()
@@ -185,6 +187,16 @@ class Session:
             if self.ws is ws:
                 self.abort()
             raise
+
+    async def _say_input_stopped(self) -> None:
+        """Tell the client how much of its audio the server took before it stopped reading:
+        it sends the rest to another server."""
+        rate = self.resampler.rate
+        await self.send_warning(
+            "server_shutting_down", f"the server is shutting down: the audio received, "
+            f"{self.num_received / rate:.3f} s ({self.num_received} samples at {rate} Hz), is "
+            "transcribed and sent; send the rest to another server",
+            audio_received_samples=self.num_received)
 
     async def _wait_for_resume(self) -> bool:
         """After a drop: wait the grace period for a resume; False when none came."""

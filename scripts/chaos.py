@@ -156,6 +156,7 @@ class Client:
     sent: int = 0  # bytes of the passage sent so far
     sessions: list[tuple[str, int]] = field(default_factory=list)  # (session id, first byte)
     done: bool = False
+    accepted: int | None = None  # where the server said it stopped reading (shutting down)
 
     async def stream(self, url: str) -> None:
         """Stream from where it is until the passage ends (CloseStream) or the connection
@@ -166,18 +167,34 @@ class Client:
                                max_size=None, open_timeout=30) as ws:
                 hello = json.loads(await ws.recv())
                 self.sessions.append((hello["session_id"], self.sent))
-                reader = asyncio.create_task(_drain(ws))
                 started, start_byte = time.monotonic(), self.sent
-                while self.sent < len(self.pcm):
+                self.accepted = None
+                reader = asyncio.create_task(self._read(ws, start_byte))
+                while self.sent < len(self.pcm) and self.accepted is None:
                     chunk = self.pcm[self.sent : self.sent + step]
                     await ws.send(chunk)
                     self.sent += len(chunk)
                     due = started + (self.sent - start_byte) / 32000 / self.speed
                     await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if self.accepted is not None:  # the server stopped reading: read to its close,
+                    await reader  # then go on from what it took
+                    self.sent = self.accepted
+                    return
                 await ws.send(json.dumps({"type": "CloseStream"}))
                 await reader
                 self.done = True
         except (ConnectionClosed, OSError):
+            pass
+
+    async def _read(self, ws, start_byte: int) -> None:
+        """Read the session's messages until it ends; when the server says it stopped reading
+        (shutting down), note the passage byte the next session starts from (`accepted`)."""
+        try:
+            async for raw in ws:
+                message = json.loads(raw)
+                if message.get("code") == "server_shutting_down":
+                    self.accepted = start_byte + message["audio_received_samples"] * 2
+        except ConnectionClosed:
             pass
 
     def words(self, data_dir: Path) -> list[dict]:
@@ -188,14 +205,6 @@ class Client:
             out += [{**w, "start_ms": w["start_ms"] + offset_ms, "end_ms": w["end_ms"] + offset_ms}
                     for w in store_words(data_dir, session_id)]
         return out
-
-
-async def _drain(ws) -> None:
-    try:
-        async for _ in ws:
-            pass
-    except ConnectionClosed:
-        pass
 
 
 def passage(index: int, loops: int) -> np.ndarray:
