@@ -100,12 +100,14 @@ class Connected(TypedDict):
 
 
 class Warning(TypedDict):  # noqa: A001 (Deepgram's name)
-    """Voxtide's, with voxtide_events=true: the server is behind this session."""
+    """Voxtide's, with voxtide_events=true: the server is behind this session
+    (`rate_limited`), or stopped reading it to shut down (`server_shutting_down`)."""
 
     type: Literal["Warning"]
     code: str
     description: str
     backlog_ms: NotRequired[int]
+    audio_received_samples: NotRequired[int]
 
 
 ListenEvent = Results | Metadata | UtteranceEnd | SpeechStarted | Error | Connected | Warning
