@@ -104,6 +104,7 @@ async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int
                 "fallbacks": int(fallbacks - last_fallbacks),
                 "step_ms": round(1000 * (step_sum - last_sum) / count, 1) if count else None,
                 "rss_mb": round(rss_mb(), 1),
+                "spool_mb": round(sum(f.stat().st_size for f in server.spool.dir.glob("*/*.pcm")) / 1e6, 1),
                 "items": len(request.mm_features),
                 "live_items": request.num_encoded_items - request.num_freed_items,
                 "cache_entries": len(engine.scheduler.encoder_cache.cached),
@@ -113,7 +114,8 @@ async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int
             r = rows[-1]
             print(f"min {minute:4d}  wall {r['wall_s']:7.1f} s  step {r['step_ms']} ms  "
                   f"fallbacks {r['fallbacks']}  "
-                  f"rss {r['rss_mb']} MB  items {r['items']}  live {r['live_items']}", flush=True)
+                  f"rss {r['rss_mb']} MB  spool {r['spool_mb']} MB  items {r['items']}  "
+                  f"live {r['live_items']}", flush=True)
 
     sampler = asyncio.create_task(sample())
     started = time.monotonic()

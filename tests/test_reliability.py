@@ -182,6 +182,7 @@ async def test_disconnect_storm_leaves_nothing_behind(tmp_path):
         assert cache.request_cached_ids == {} and cache.num_referenced == 0
         assert set(engine.runner.encoder_cache) <= set(cache.cached)  # no orphaned tensors
         assert server.store.sizes == {} and server.store.pending == {}  # no per-session state left
+        assert server.spool.leftovers() == []  # every transcript stored: no spooled audio left
         del sockets
         gc.collect()
         assert all(r() is None for r in session_refs), "a Session object outlived its session"
