@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from websockets.asyncio.client import ClientConnection, connect
 
 from app import spool as spool_module
@@ -16,7 +17,7 @@ from app.spool import Spool
 from scripts.chaos import ServerProcess, overlaps, passage, pcm16, process_alive, store_words
 from scripts.wer import wer
 from tests.helpers import audio, concatenated, librivox_path, transcripts
-from tests.server_client import receive_all, running_server, wait_until
+from tests.server_client import next_event, realtime_append, receive_all, running_server, wait_until
 from tests.test_transcribe import GOLDEN
 
 
@@ -155,3 +156,28 @@ def _reference(index: int, num_samples: int) -> str:
     paths = paths[index:] + paths[:index]
     loops = round(num_samples / sum(audio(p).numel() + 12800 for p in paths))
     return " ".join(transcripts()[p] for p in paths * loops)
+
+
+async def test_a_realtime_turn_keeps_its_audio_spooled_until_it_is_completed(tmp_path, monkeypatch):
+    """/v1/realtime stores a turn's words only when the turn is completed: until then its
+    audio stays in the spool, however far the engine has committed; after, it goes."""
+    monkeypatch.setattr(spool_module, "SEGMENT_SAMPLES", 16000)  # 1 s segments
+    samples = torch.from_numpy(passage(0, 1))  # 29 s: the engine's window is cut past 15 s
+    async with running_server(tmp_path) as server:
+        async with connect(f"ws://127.0.0.1:{server.port}/v1/realtime") as ws:
+            await next_event(ws, "session.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
+            await next_event(ws, "session.updated")
+            await realtime_append(ws, samples)
+            [session] = server.sessions.values()
+            await wait_until(lambda: session.done_ms > 5000, 50)  # words before it are final
+            assert session.stored_ms() == 0 and not server.store.read(session.id)
+            assert session.spool.kept[0] == 0  # every second of the open turn is on disk
+            assert session.spool.kept[0] == 0  # the first second is still on disk
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            done = await next_event(ws, "conversation.item.input_audio_transcription.completed", 120)
+            await asyncio.sleep(0.5)
+            assert done["transcript"] and session.stored_ms() > 5000
+            # what is stored is deleted
+            assert all(start + 16000 > session.stored_ms() * 16 for start in session.spool.kept)
+            assert server.store.read(session.id)[0]["text"] == done["transcript"]
