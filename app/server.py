@@ -66,6 +66,7 @@ STATIC_FILES = {  # URL path -> file in web/; nothing else is served from disk
 }
 OPENAI_KEY_PROTOCOL = "openai-insecure-api-key."  # the browser's way to send an OpenAI key
 STORE_RETRY_S = 5.0  # how often the transcript store tries again to write what it could not
+PAUSE_WAIT_S = 2.0  # at shutdown, a session's input ends at its next pause, or after this
 
 
 class _DenialFilter(logging.Filter):
@@ -210,12 +211,14 @@ class Server:
         return self.http.servers[0].sockets[0].getsockname()[1]
 
     async def drain(self) -> None:
-        """Take no new sessions or files; end every session's input (each transcribes and
-        sends what it received, then closes 1001); wait for them and the files in progress,
-        at most `drain_s`."""
+        """Take no new sessions or files; end every session's input at its next pause (at
+        most PAUSE_WAIT_S, a quarter of the drain) and tell the client where (each then
+        transcribes and sends what it received, and closes 1001); wait for them and the
+        files in progress, at most `drain_s`."""
         self.ctx.draining = True
+        pause_wait = min(PAUSE_WAIT_S, self.config.drain_s / 4)
         for session in list(self.sessions.values()):
-            session.stop_input(CLOSE_GOING_AWAY, "server shutting down")
+            session.stop_input(CLOSE_GOING_AWAY, "server shutting down", pause_wait)
         deadline = time.monotonic() + self.config.drain_s
         while (self.sessions or self.ctx.uploads) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)

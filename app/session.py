@@ -36,6 +36,7 @@ from app.spool import SessionSpool, Spool
 from app.store import TranscriptStore
 from audio.io import check_stream_rate
 from audio.stream import StreamResampler
+from audio.vad import SpeechDetector
 from engine.engine import EngineOutput
 from engine.timeline import samples_to_ms
 from engine.words import Word
@@ -43,6 +44,8 @@ from engine.words import Word
 log = logging.getLogger(__name__)
 
 WARN_INTERVAL_S = 5.0  # at most one rate_limited warning per session this often
+PAUSE_CHUNKS = 6  # 32 ms VAD chunks in a row under PAUSE_PROBABILITY: a pause to stop input at
+PAUSE_PROBABILITY = 0.35
 
 
 @dataclass
@@ -142,6 +145,8 @@ class Session:
         self.done_ms = 0  # no later engine output has words before this
         self.input_stopped = asyncio.Event()  # set by stop_input
         self.receiving: asyncio.Future | None = None  # the read of the next message
+        self.pause_detector: SpeechDetector | None = None  # from stop_input: the next pause
+        self.quiet_chunks = 0
         if self.resumable and ctx.config.resume_grace_s > 0:
             self.resume_token = secrets.token_urlsafe(24)
             ctx.resumable[self.resume_token] = self
@@ -288,14 +293,32 @@ class Session:
             raise TimeoutError
         return recv.result()
 
-    def stop_input(self, code: int, reason: str) -> None:
-        """End the session's input now (the server is shutting down): what it received is
-        transcribed and sent, then the connection closes with `code`."""
-        self.closing = True
+    def stop_input(self, code: int, reason: str, within_s: float = 0.0) -> None:
+        """End the session's input at its next pause, or after `within_s` (the server is
+        shutting down; at a pause, no word is cut in two between this server and the one the
+        client goes on with): what it received is transcribed and sent, then the connection
+        closes with `code`."""
         self.close_code, self.close_reason = code, reason
-        self.input_stopped.set()
-        if self.receiving is not None:
-            self.receiving.cancel()
+        if within_s <= 0:
+            self._stop_reading()
+            return
+        self.pause_detector = SpeechDetector()
+        asyncio.get_running_loop().call_later(within_s, self._stop_reading)
+
+    def _stop_reading(self) -> None:
+        if not self.input_stopped.is_set():
+            self.closing = True
+            self.input_stopped.set()
+            if self.receiving is not None:
+                self.receiving.cancel()
+
+    def _watch_for_pause(self, samples: np.ndarray) -> None:
+        """(n,) 16 kHz samples: stop reading once PAUSE_CHUNKS VAD chunks in a row are quiet."""
+        assert self.pause_detector is not None
+        for p in self.pause_detector.push(samples):
+            self.quiet_chunks = self.quiet_chunks + 1 if p < PAUSE_PROBABILITY else 0
+        if self.quiet_chunks >= PAUSE_CHUNKS:
+            self._stop_reading()
 
     async def _pace(self) -> None:
         """Warn a client that is ahead of the engine; stop reading while it is far ahead."""
@@ -389,6 +412,8 @@ class Session:
                 self.spool.write(samples)
             self.ctx.loop.add_audio(self.id, samples)
             self.on_fed(samples)
+            if self.pause_detector is not None:
+                self._watch_for_pause(samples)
 
     @property
     def fed_ms(self) -> int:

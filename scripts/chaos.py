@@ -14,7 +14,8 @@ split into missing (gaps) and extra (duplicates) words, and records that overlap
 Audio a client sent that the dying server had not read yet is lost with it (it was never
 accepted): that, and words cut at a kill, are the boundary effects.
 
-`--fault term` sends SIGTERM instead (a 2 s drain: sessions get what was done and a 1001);
+`--fault term` sends SIGTERM instead (an 8 s drain: each session's input ends at its next
+pause, within 2 s; it gets what was done and a 1001);
 `--fault worker` kills the model worker instead, and the server goes on with its sessions.
 Also measured: how long the model worker outlives its killed server, the SIGTERM exit time,
 the worker's restart time, and the seconds of audio recovered from the spool.
@@ -334,7 +335,7 @@ def main() -> int:
     parser.add_argument("--speed", type=float, default=1.0, help="x real time")
     parser.add_argument("--loops", type=int, default=2, help="times each client's passage is repeated")
     parser.add_argument("--fault", choices=("kill", "term", "worker"), default="kill",
-                        help="kill -9 the server, SIGTERM it (drain 2 s), or kill -9 its model worker")
+                        help="kill -9 the server, SIGTERM it (drain 8 s), or kill -9 its model worker")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -344,7 +345,7 @@ def main() -> int:
         base = [Client(pcm, args.speed) for pcm in audio]
         reference = uninterrupted(base, Path(tmp) / "reference", server_args)
         clients = [Client(pcm, args.speed) for pcm in audio]
-        fault_args = ("--drain", "2") if args.fault == "term" else ()
+        fault_args = ("--drain", "8") if args.fault == "term" else ()
         report = chaos(clients, Path(tmp) / "chaos", args.rounds, rng, args.fault,
                        server_args + fault_args)
         rows = []

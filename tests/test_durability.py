@@ -13,6 +13,7 @@ import torch
 from websockets.asyncio.client import ClientConnection, connect
 
 from app import spool as spool_module
+from app.replay import transcript
 from app.spool import Spool
 from scripts.chaos import ServerProcess, overlaps, passage, pcm16, process_alive, store_words
 from scripts.wer import wer
@@ -181,3 +182,34 @@ async def test_a_realtime_turn_keeps_its_audio_spooled_until_it_is_completed(tmp
             # what is stored is deleted
             assert all(start + 16000 > session.stored_ms() * 16 for start in session.spool.kept)
             assert server.store.read(session.id)[0]["text"] == done["transcript"]
+
+
+async def test_a_drain_ends_a_session_at_its_next_pause_and_says_where(tmp_path):
+    """At shutdown a session reads on to its next pause (no word cut in two between this
+    server and the next), then tells the client how much audio it took."""
+    first, second = audio(librivox_path("0890")), audio(librivox_path("0920"))
+    gap = 8000  # 0.5 s of silence
+    async with running_server(tmp_path, drain_s=8.0) as server:
+        async with connect(f"ws://127.0.0.1:{server.port}/v1/listen?encoding=linear16"
+                           "&sample_rate=16000&voxtide_events=true") as ws:
+            messages: list[dict] = []
+            reader = asyncio.create_task(receive_all(ws, into=messages))
+            await ws.send(pcm16(first[:-1600].numpy()))  # all but its last 0.1 s
+            await wait_until(lambda: server.sessions and next(iter(server.sessions.values())).num_received
+                             == first.numel() - 1600)
+            drain = asyncio.create_task(server.drain())
+            rest = np.concatenate([first[-1600:].numpy(), np.zeros(gap, np.float32), second.numpy()])
+            for i in range(0, rest.size, 1600):  # 100 ms messages, 5x real time
+                try:
+                    await ws.send(pcm16(rest[i : i + 1600]))
+                except Exception:
+                    break
+                await asyncio.sleep(0.02)
+            await reader
+            await drain
+    [said] = [m for m in messages if m.get("code") == "server_shutting_down"]
+    taken = said["audio_received_samples"]
+    assert first.numel() < taken <= first.numel() + gap  # inside the pause
+    assert ws.close_code == 1001
+    text = " ".join(transcript(m) for m in messages if m["type"] == "Results" and m["is_final"])
+    assert wer(GOLDEN["0890"], text) < 0.1, text
