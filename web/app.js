@@ -90,7 +90,8 @@ class ListenStream {
       this.resolveDone();
       return;
     }
-    if (this.token && this.retries < RETRY_MS.length) {
+    // 1001: the server shut down and ended the session (its text so far is all here)
+    if (this.token && e.code !== 1001 && this.retries < RETRY_MS.length) {
       const wait = RETRY_MS[this.retries++];
       this.view.status(`connection lost; reconnecting in ${wait} ms`, "error");
       setTimeout(() => this.connect(), wait);
@@ -199,6 +200,8 @@ const view = {
     if (m.code === "rate_limited") {
       const behind = Math.round((m.backlog_ms || 0) / 1000);
       this.notice(`The server is busy: the transcript is running about ${behind} s behind the audio.`);
+    } else if (m.code === "server_shutting_down") {
+      this.notice("The server is shutting down: the transcript of what it received is coming; start again to go on.");
     } else {
       this.notice(m.description);
     }
