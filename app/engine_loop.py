@@ -173,6 +173,8 @@ class EngineLoop:
             self.metrics.fallbacks.inc(output.num_fallbacks)
         if output.num_encoded_items:
             self.metrics.encoder_batch.observe(output.num_encoded_items)
+        if output.num_threads:
+            self.metrics.model_threads.set(output.num_threads)
 
     def _apply_commands(self) -> set[str]:
         """Apply the queued commands -> the request ids they were for."""

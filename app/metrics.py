@@ -73,6 +73,8 @@ class Metrics:
                                        "Audio items per batched encoder call", buckets=BATCH_BUCKETS,
                                        registry=r)
         self.steps = Counter("voxtide_engine_steps", "Engine steps run", registry=r)
+        self.model_threads = Gauge("voxtide_model_threads", "Torch threads of the model worker "
+                                   "(fewer while other programs keep cores busy)", registry=r)
         self.fallbacks = Counter("voxtide_decode_fallbacks",
                                  "Windows re-decoded at a higher temperature (loops, low confidence)",
                                  registry=r)

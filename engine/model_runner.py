@@ -90,6 +90,7 @@ class RunnerOutput:
     num_windows: int = 0  # windows in the batched transformer calls (one per padded length)
     num_fallbacks: int = 0  # windows re-decoded at higher temperatures
     processor_counts: tuple[int, int] = (0, 0)  # the runner's processor cache: (queries, hits)
+    num_threads: int = 0  # torch threads the worker process ran it with (engine/cpu_share.py)
 
 
 class ModelRunner:

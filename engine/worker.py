@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from engine.cpu_share import CpuShare
 from engine.model import ModelBundle
 from engine.model_runner import ModelInput, ModelRunner, RunnerOutput
 from engine.processor_cache import ProcessorCache
@@ -78,6 +79,7 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server, which stops us
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     torch.set_num_threads(num_threads)
+    share = CpuShare(num_threads, [os.getpid(), os.getppid()])
     runner = ModelRunner(bundle, ProcessorCache(processor_cache_bytes), pad_seconds, preview_pad_seconds)
     conn.send("ready")
     while True:
@@ -92,7 +94,14 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
                 runner.inject(inp.hashes, inp.features)
                 conn.send(None)
             else:
-                conn.send(runner.execute(inp, stop_event.is_set))
+                threads = share.update()
+                if threads != torch.get_num_threads():
+                    log.warning("model worker: %d torch threads (other programs use %.1f of %d cores)",
+                                threads, share.others, share.num_cpus)
+                    torch.set_num_threads(threads)
+                output = runner.execute(inp, stop_event.is_set)
+                output.num_threads = threads
+                conn.send(output)
         except Exception as e:  # the engine fails this step's sessions with it
             try:
                 conn.send(e)
