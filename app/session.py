@@ -1,8 +1,9 @@
 """What every websocket session does, whatever its protocol.
 
 A session reads client messages (with an idle timeout), turns audio into 16 kHz samples for
-the engine loop, and in a second task turns engine outputs into protocol events. Finalized
-text goes to the transcript store before it is sent. When the client disconnects without
+the engine loop (after writing it to the session's spool, app/spool.py), and in a second
+task turns engine outputs into protocol events. Finalized text goes to the transcript store
+before it is sent; the spool behind it is deleted. When the client disconnects without
 closing, the session still finishes: the rest of its audio is transcribed into the store.
 
 A resumable session (/v1/listen) that drops without a close frame waits `resume_grace_s`
@@ -10,6 +11,9 @@ for the client to come back with its resume token; meanwhile the engine goes on 
 finals go to the store and a replay buffer. After each message the session checks its
 backlog: over `max_lag_s` the client gets a rate_limited warning (at most every 5 s); at
 `max_backlog_s` the session stops reading its socket until the engine catches up.
+
+At shutdown the server ends each session's input at its next pause (`stop_input`); the
+session tells the client how much audio it took, transcribes it, and closes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """How many torch threads the model worker should use, given what other programs take of the CPU.
 
 torch splits each op over its threads and waits for the slowest. With 2 threads on 2 cores and
-another program busy on one of them, every op waits for the thread that shares its core:
-8 sessions fell 12 s behind where 1 thread kept them within 4 s (docs/performance.md). So the
+another program busy on one of them, every op waits for the thread that shares its core, and
+the whole model runs at that thread's pace (docs/performance.md has the figures). So the
 worker measures, every `INTERVAL_S`, how much CPU the rest of the machine takes (all cores'
 busy time from /proc/stat, less this worker's and its server's own) and uses one thread fewer
 per core of it, with a band between the thresholds so that it does not flip back and forth.
