@@ -18,7 +18,16 @@ from app.spool import Spool
 from scripts.chaos import ServerProcess, overlaps, passage, pcm16, process_alive, store_words
 from scripts.wer import wer
 from tests.helpers import audio, concatenated, librivox_path, transcripts
-from tests.server_client import next_event, realtime_append, receive_all, running_server, wait_until
+from tests.server_client import (
+    finals_text,
+    listen,
+    next_event,
+    realtime_append,
+    receive_all,
+    running_server,
+    wait_until,
+)
+from tests.test_server import http_get
 from tests.test_transcribe import GOLDEN
 
 
@@ -213,3 +222,22 @@ async def test_a_drain_ends_a_session_at_its_next_pause_and_says_where(tmp_path)
     assert ws.close_code == 1001
     text = " ".join(transcript(m) for m in messages if m["type"] == "Results" and m["is_final"])
     assert wer(GOLDEN["0890"], text) < 0.1, text
+
+
+async def test_a_full_disk_under_the_spool_degrades_health_and_loses_no_text(tmp_path, monkeypatch):
+    """The spool cannot write (a full disk): the session is transcribed all the same, /healthz
+    says degraded with the reason, the failure is counted."""
+    samples = audio(librivox_path("0890"))
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async with running_server(tmp_path) as server:
+        monkeypatch.setattr(spool_module.os, "write", full)
+        messages, _ = await listen(server, samples)
+        status, _, body = await http_get(server, "/healthz")
+        metrics = server.metrics.render().decode()
+    assert finals_text(messages) == GOLDEN["0890"]
+    health = json.loads(body)
+    assert status == 503 and health["status"] == "degraded" and "audio spool" in health["reason"]
+    assert "voxtide_spool_failures_total 1.0" in metrics
