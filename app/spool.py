@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from audio.io import SAMPLE_RATE
+from audio.io import SAMPLE_RATE, float_to_pcm16, pcm_to_float
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,6 @@ SEGMENT_SAMPLES = 60 * SAMPLE_RATE  # a segment file: 60 s, 1.9 MB
 FSYNC_INTERVAL_S = 1.0
 META = "session.json"
 LOCK = ".lock"
-
-
-def to_pcm16(samples: np.ndarray) -> bytes:
-    """(n,) float32 in [-1, 1] -> little-endian PCM16 bytes."""
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
 
 
 class SessionSpool:
@@ -70,7 +65,7 @@ class SessionSpool:
                     self._next_segment()
                 room = SEGMENT_SAMPLES - (self.num_samples - self.segment_start)
                 piece, samples = samples[:room], samples[room:]
-                data = to_pcm16(piece)
+                data = float_to_pcm16(piece)
                 assert self.file is not None
                 written = os.write(self.file, data)
                 if written != len(data):
@@ -79,11 +74,14 @@ class SessionSpool:
             if self.fsync and time.monotonic() - self.synced_at >= FSYNC_INTERVAL_S:
                 self._sync()
         except OSError as e:
-            self.failure = f"cannot write {self.folder.name}: {e.strerror or e}"
-            log.error("spool: %s; the rest of this session is not spooled", self.failure)
-            self.owner.failure = self.failure
-            self.owner.num_failures += 1
+            self.fail(e)
             self.close()
+
+    def fail(self, error: OSError) -> None:
+        """Writing failed: this session is not spooled from here on; its owner says so."""
+        self.failure = self.owner.failure = f"cannot write {self.folder.name}: {error.strerror or error}"
+        self.owner.num_failures += 1
+        log.error("spool: %s; the rest of this session is not spooled", self.failure)
 
     def _next_segment(self) -> None:
         if self.file is not None:
@@ -161,14 +159,15 @@ class Leftover:
         first spooled sample, if later). A gap between segments (one deleted) ends it."""
         position = None
         for first, path in segments(self.folder):
-            data = np.fromfile(path, dtype="<i2")
+            raw = path.read_bytes()
+            data = pcm_to_float(raw[: len(raw) // 2 * 2]).numpy()  # (a write cut in a sample)
             if position is not None and first != position:
                 log.warning("spool %s: a gap at sample %d; recovering up to it", self.session_id, position)
                 return
             position = first + data.size
             skip = max(0, start - first)
             for lo in range(skip, data.size, piece_samples):
-                yield data[lo : lo + piece_samples].astype(np.float32) / 32768.0
+                yield data[lo : lo + piece_samples]
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -201,9 +200,7 @@ class Spool:
             (folder / META).write_text(json.dumps({"session_id": session_id, "protocol": protocol,
                                                    "created": int(time.time())}))
         except OSError as e:
-            spool.failure = self.failure = f"cannot write {folder.name}: {e.strerror or e}"
-            self.num_failures += 1
-            log.error("spool: %s; this session is not spooled", spool.failure)
+            spool.fail(e)
         return spool
 
     def close(self) -> None:

@@ -47,7 +47,8 @@ def choose_threads(current: int, most: int, others: float) -> int:
 
 
 def _process_ticks(pid: int) -> int:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15)
 
 

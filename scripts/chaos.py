@@ -49,6 +49,7 @@ from websockets.exceptions import ConnectionClosed
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from audio.io import float_to_pcm16  # noqa: E402
 from scripts.wer import normalize  # noqa: E402
 
 CHUNK_MS = 100
@@ -218,10 +219,6 @@ def passage(index: int, loops: int) -> np.ndarray:
     return samples.numpy()
 
 
-def pcm16(samples: np.ndarray) -> bytes:
-    return (np.clip(samples, -1, 1) * 32767).round().astype("<i2").tobytes()
-
-
 def align_counts(ref: list[str], hyp: list[str]) -> tuple[int, int, int]:
     """Word alignment -> (substituted, missing, extra)."""
     n, m = len(ref), len(hyp)
@@ -339,7 +336,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    audio = [pcm16(passage(i, args.loops)) for i in range(args.sessions)]
+    audio = [float_to_pcm16(passage(i, args.loops)) for i in range(args.sessions)]
     server_args = ("--max-sessions", str(max(16, args.sessions)))
     with tempfile.TemporaryDirectory() as tmp:
         base = [Client(pcm, args.speed) for pcm in audio]

@@ -15,7 +15,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from app import spool as spool_module
 from app.replay import transcript
 from app.spool import Spool
-from scripts.chaos import ServerProcess, overlaps, passage, pcm16, process_alive, store_words
+from audio.io import float_to_pcm16
+from scripts.chaos import ServerProcess, overlaps, passage, process_alive, store_words
 from scripts.wer import wer
 from tests.helpers import audio, concatenated, librivox_path, transcripts
 from tests.server_client import (
@@ -127,7 +128,7 @@ async def test_sigterm_drains_kill_9_loses_nothing_and_the_next_start_recovers_a
     server = ServerProcess(data, args=("--drain", "1"))
     a, b = passage(0, 2), passage(2, 1)  # 58 s and 29 s
     server.start()
-    sid_a, messages, reader, ws_a = await _stream_all(server.url, pcm16(a))
+    sid_a, messages, reader, ws_a = await _stream_all(server.url, float_to_pcm16(a))
     await wait_until(lambda: _spooled_samples(data, sid_a) >= a.size, 60)  # accepted, all of it
     server.process.send_signal(15)
     signalled = time.monotonic()
@@ -141,7 +142,7 @@ async def test_sigterm_drains_kill_9_loses_nothing_and_the_next_start_recovers_a
     assert ws_a.close_code == 1001 and ws_a.close_reason == "server shutting down"
 
     server.start()  # recovers a's rest, while b streams
-    sid_b, messages, reader, _ = await _stream_all(server.url, pcm16(b))
+    sid_b, messages, reader, _ = await _stream_all(server.url, float_to_pcm16(b))
     await wait_until(lambda: any(m["type"] == "Results" and m["is_final"] for m in messages), 120)
     await wait_until(lambda: _spooled_samples(data, sid_b) >= b.size, 60)
     worker = server.worker_pid()
@@ -203,14 +204,14 @@ async def test_a_drain_ends_a_session_at_its_next_pause_and_says_where(tmp_path)
                            "&sample_rate=16000&voxtide_events=true") as ws:
             messages: list[dict] = []
             reader = asyncio.create_task(receive_all(ws, into=messages))
-            await ws.send(pcm16(first[:-1600].numpy()))  # all but its last 0.1 s
+            await ws.send(float_to_pcm16(first[:-1600].numpy()))  # all but its last 0.1 s
             await wait_until(lambda: server.sessions and next(iter(server.sessions.values())).num_received
                              == first.numel() - 1600)
             drain = asyncio.create_task(server.drain())
             rest = np.concatenate([first[-1600:].numpy(), np.zeros(gap, np.float32), second.numpy()])
             for i in range(0, rest.size, 1600):  # 100 ms messages, 5x real time
                 try:
-                    await ws.send(pcm16(rest[i : i + 1600]))
+                    await ws.send(float_to_pcm16(rest[i : i + 1600]))
                 except Exception:
                     break
                 await asyncio.sleep(0.02)
