@@ -132,7 +132,7 @@ class RunnerProcess:
         self.closed = False  # by close(): no restart then
         self._mp = mp.get_context("spawn")
         self.stop_event = self._mp.Event()
-        self._lock = threading.RLock()  # a step's send and its reply belong together
+        self._lock = threading.Lock()  # a step's send and its reply belong together
         self._args = (self.stop_event, bundle, pad_seconds, preview_pad_seconds,
                       processor_cache_bytes, torch.get_num_threads())
         self._start()
