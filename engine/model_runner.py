@@ -268,7 +268,8 @@ class ModelRunner:
                     d = decode_with_fallback(self.bundle, features[b : b + 1],
                                              [] if copied else opts.prompt, opts.audio_seconds,
                                              TEMPERATURES if copied else TEMPERATURES[1:],
-                                             [(k[b : b + 1], v[b : b + 1]) for k, v in cross])
+                                             [(k[b : b + 1], v[b : b + 1]) for k, v in cross],
+                                             earlier=None if copied else d)
                 except Exception as e:  # failed below, for this session alone
                     d = e
             kept.append(d)

@@ -13,7 +13,8 @@ from engine.words import SENTENCE_ENDS, Word, timed_prompt
 
 OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hypothesis
 TIME_TOLERANCE_MS = 100
-TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found
+TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found ...
+LONG_TAIL_WORDS = 3  # ... times m for a tail of m words from this many on
 
 
 @dataclass
@@ -42,6 +43,9 @@ class LocalAgreement:
         occurrence nearest to where it should be, give or take a word the re-decode split or
         merged; else fall back to word mid-times. ("... is to be ill-disposed. He was not an
         old-sposed young man" after "... is to be old-sposed." must not match the repeat.)
+        A tail of three words or more may be found further off: a re-decode of unclear
+        speech spells it in other words, and mid-times from a decode that misplaced them
+        would commit the tail again.
         """
         n = self.num_window_committed
         if n == 0:
@@ -54,7 +58,8 @@ class LocalAgreement:
                 expected = n - m - skip  # where the tail should start in the hypothesis
                 hits = [j for j in range(len(keys) - m + 1) if keys[j : j + m] == tail]
                 j = min(hits, key=lambda j: abs(j - expected), default=None)
-                if j is not None and abs(j - expected) <= TRIM_SLACK_WORDS:
+                slack = TRIM_SLACK_WORDS * (m if m >= LONG_TAIL_WORDS else 1)
+                if j is not None and abs(j - expected) <= slack:
                     return hypothesis[j + m + skip :]
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]

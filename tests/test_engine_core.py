@@ -524,6 +524,18 @@ def test_a_final_window_without_speech_is_not_marked_for_decoding():
     assert (window.window_start, window.window_end, window.speech) == (0, 60, True)
 
 
+def test_a_committed_tail_is_found_when_a_re_decode_spells_earlier_words_differently():
+    policy = LocalAgreement()
+    policy.flush(words("probably means to leave john a well defined food"))
+    policy.flush(words("the yang golavadem shows the flowers compared with the sun", 3000))
+    # unclear speech re-decoded in more words: the tail sits 4 words later than counted, and
+    # its mid-times lie past the committed end
+    hypothesis = words("poni means daily children and we have the fine food by mans inn the young "
+                       "guadalajas inn shows the flowers compared with the sun had he married", 0, 300)
+    committed = policy.flush(hypothesis).committed
+    assert [w.key for w in committed] == ["had", "he", "married"]
+
+
 def test_a_re_decoded_last_word_does_not_match_its_later_repeat():
     policy = LocalAgreement()
     policy.flush(words("to be rather selfish is to be old-sposed"))

@@ -136,3 +136,48 @@ def tokenizer_words(tokenizer, tokens: list[int], n: int) -> list[int]:
         if len(tokenizer.decode(text[:k]).split()) > n:
             return text[: k - 1]
     return text
+
+
+def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_loop_is_kept(monkeypatch):
+    """Hard audio fails the log-probability check at every temperature: the decode kept is
+    the likeliest whole one (not the hottest, sounds spelled as made-up words), marked with
+    the last temperature so that its text is no prompt; a loop is kept only if all loop."""
+    import dataclasses
+
+    from engine.model import transcribe as transcribe_module
+    from engine.model.decoding import decode
+    from tests.test_model import window_mel
+
+    b = bundle()
+    features = b.model.encoder(window_mel("0880").to(b.model.device, b.model.dtype))
+    tried = []
+
+    def unsure(model_, tokenizer_, features_, options, suppress, cross=None):
+        result = decode(model_, tokenizer_, features_, options, suppress, cross)
+        result = dataclasses.replace(result, avg_logprob=result.avg_logprob - 3.0)
+        if options.temperature == 0.4:  # the likeliest of all, but a loop
+            result = dataclasses.replace(result, avg_logprob=-1.01, stop="repetition")
+        tried.append(result)
+        return result
+
+    monkeypatch.setattr(transcribe_module, "decode", unsure)
+    result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
+    assert [r.temperature for r in tried] == list(transcribe_module.TEMPERATURES)
+    assert all(r.needs_fallback for r in tried)
+    whole = [r for r in tried if r.stop == "eot"]
+    best = max(whole, key=lambda r: r.avg_logprob)
+    assert result.tokens == best.tokens and result.avg_logprob == best.avg_logprob
+    assert result.temperature == transcribe_module.TEMPERATURES[-1]
+    assert len({tuple(r.tokens) for r in tried}) > 1  # the choice was among different texts
+
+    tried.clear()
+    earlier = dataclasses.replace(whole[0], avg_logprob=-1.02)  # the batch's greedy decode
+    result = transcribe_module.decode_with_fallback(b, features, [], 3.0, transcribe_module.TEMPERATURES[1:],
+                                                    earlier=earlier)
+    assert result.tokens == earlier.tokens and result.avg_logprob == -1.02
+
+    monkeypatch.setattr(transcribe_module, "decode", lambda *a, **k: dataclasses.replace(
+        unsure(*a, **k), stop="budget"))
+    tried.clear()
+    result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
+    assert result.avg_logprob == max(r.avg_logprob for r in tried)  # all loop: the likeliest

@@ -7,6 +7,7 @@ higher temperature when the output looks like a loop.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -16,7 +17,13 @@ from audio.mel import FRAMES_PER_SECOND, N_FRAMES, N_SAMPLES, log_mel_spectrogra
 from audio.vad import SpeechDetector
 from engine.config import EngineConfig
 from engine.model import ModelBundle
-from engine.model.decoding import DecodingOptions, DecodingResult, copies_prompt, decode
+from engine.model.decoding import (
+    COMPRESSION_RATIO_THRESHOLD,
+    DecodingOptions,
+    DecodingResult,
+    copies_prompt,
+    decode,
+)
 from engine.model.timing import align
 from engine.speech_map import SpeechMap
 from engine.timeline import SAMPLE_RATE, positions_to_seconds
@@ -48,13 +55,19 @@ class Transcript:
 
 def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: list[int],
                          audio_seconds: float, temperatures: tuple[float, ...] = TEMPERATURES,
-                         cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-                         ) -> DecodingResult:
+                         cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                         earlier: DecodingResult | None = None) -> DecodingResult:
     """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter. A
     decode that copies the prompt's last sentence is done again without the prompt.
-    `cross`: `cross_kv` of `features` if already computed (else computed once here)."""
+
+    When every temperature fails, the likeliest decode that is no loop is kept (as
+    faster-whisper; Whisper keeps the hottest, which on hard audio is sounds spelled as
+    made-up words, and their times swallow the speech after them), marked with the last
+    temperature tried so its text is no prompt. `cross`: `cross_kv` of `features` if already
+    computed (else computed once here); `earlier`: a decode of this window already made."""
     if cross is None:
         cross = bundle.model.decoder.cross_kv(features)
+    tried = [earlier] if earlier is not None else []
     result = None
     for t in temperatures:
         for attempt in (prompt if t <= 0.5 else [], []):
@@ -63,10 +76,14 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
             if not copies_prompt(bundle.tokenizer, result.tokens, attempt):
                 break
             prompt = []
+        assert result is not None
         if result.is_silence or not result.needs_fallback:
-            break
+            return result
+        tried.append(result)
     assert result is not None
-    return result
+    whole = [r for r in tried if r.stop == "eot" and r.compression_ratio <= COMPRESSION_RATIO_THRESHOLD]
+    best = max(whole or tried, key=lambda r: r.avg_logprob)
+    return dataclasses.replace(best, temperature=result.temperature)
 
 
 def _add_words(bundle: ModelBundle, segments: list[Segment],
