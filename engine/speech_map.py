@@ -12,6 +12,12 @@ from engine.words import Word
 
 SNAP_MS = 200  # the alignment and the VAD may disagree on a word edge by this much
 MIN_WORD_MS = 100  # a word whose edge moves keeps at least this long
+# a decode window is moved up to speech after this much silence, keeping this much of the
+# silence before the speech (streaming's Stream.skip_silence, offline transcribe)
+LONG_SILENCE_MS = 3000
+LEAD_IN_MS = 1000
+WORD_SLACK_MS = 300  # `unheard`: speech this near a word may be that word's ...
+LONG_WORD_EDGE_MS = 500  # ... and a word longer than twice this covers this much at each edge
 
 
 class SpeechMap:
@@ -55,6 +61,23 @@ class SpeechMap:
         k = bisect.bisect_right(self.ends, ms)  # the first run ending after ms
         return max(self.starts[k], ms) if k < len(self.starts) else None
 
+    def onset_within(self, start_ms: int, end_ms: int) -> int | None:
+        """Where the first run of speech that begins in [start_ms, end_ms) begins (None: none)."""
+        k = bisect.bisect_left(self.starts, start_ms)
+        return self.starts[k] if k < len(self.starts) and self.starts[k] < end_ms else None
+
+    def pause_after(self, start_ms: int, speech_ms: int, pause_ms: int) -> int | None:
+        """Where the first pause of at least `pause_ms` begins once `speech_ms` of speech has
+        been heard from `start_ms` (None: not in what the VAD has analysed)."""
+        first = bisect.bisect_right(self.ends, start_ms)  # the first run ending after start_ms
+        heard = 0
+        for k in range(first, len(self.starts)):
+            heard += self.ends[k] - max(self.starts[k], start_ms)
+            following = self.starts[k + 1] if k + 1 < len(self.starts) else None
+            if heard >= speech_ms and (following is None or following - self.ends[k] >= pause_ms):
+                return self.ends[k]
+        return None
+
     def speech_ms(self, start_ms: int, end_ms: int) -> int:
         """How much of [start_ms, end_ms) the VAD heard as speech."""
         k = bisect.bisect_right(self.ends, start_ms)  # the first run ending after start_ms
@@ -63,6 +86,26 @@ class SpeechMap:
             total += min(self.ends[k], end_ms) - max(self.starts[k], start_ms)
             k += 1
         return total
+
+    def unheard(self, start_ms: int, end_ms: int, words: list[Word], min_ms: int) -> tuple[int, int] | None:
+        """The first stretch of [start_ms, end_ms) outside the (timed, ordered) words in which
+        the VAD heard at least `min_ms` of speech: speech the words leave out, as (where the
+        word before it ends or start_ms, where the word after it starts or end_ms). None:
+        none. A word counts with WORD_SLACK_MS around it (aligned times are estimates), and a
+        word of seconds for its edges only (the alignment stretches a word over speech the
+        text skipped)."""
+        spans, edge = [], LONG_WORD_EDGE_MS
+        for w in words:
+            if w.end_ms - w.start_ms > 2 * edge:
+                spans += [(w.start_ms, w.start_ms + edge), (w.end_ms - edge, w.end_ms)]
+            else:
+                spans.append((w.start_ms, w.end_ms))
+        after = [start_ms] + [b + WORD_SLACK_MS for _, b in spans]  # where each gap begins
+        before = [a - WORD_SLACK_MS for a, _ in spans] + [end_ms]  # and ends
+        for k, (lo, hi) in enumerate(zip(after, before, strict=True)):
+            if hi - lo >= min_ms and self.speech_ms(lo, hi) >= min_ms:
+                return spans[k - 1][1] if k else start_ms, spans[k][0] if k < len(spans) else end_ms
+        return None
 
     def fit(self, words: list[Word], drop: bool = True) -> list[Word]:
         """Words with their edges moved into speech: a start in silence to the next run's

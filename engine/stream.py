@@ -27,15 +27,12 @@ from engine.model_runner import WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
-from engine.speech_map import SpeechMap
+from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SpeechMap
 from engine.timeline import item_positions, ms_to_positions, positions_to_ms, samples_to_ms
 from engine.words import Word, shift_timestamps
 
-# a window is moved up to speech after this much silence (Stream.skip_silence), keeping this
-# much of the silence before the speech; speech within SPEECH_TAIL_MS of the committed words'
-# end is taken for their tail (a last word's aligned end may fall short of its sound)
-LONG_SILENCE_MS = 3000
-LEAD_IN_MS = 1000
+# speech within this of the committed words' end is taken for their tail (a last word's
+# aligned end may fall short of its sound)
 SPEECH_TAIL_MS = 500
 
 

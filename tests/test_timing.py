@@ -59,6 +59,32 @@ def speech_map(runs_ms: list[tuple[int, int]], total_ms: int) -> SpeechMap:
     return speech
 
 
+def test_speech_map_finds_speech_the_words_leave_out_and_the_next_onset():
+    def said(start_ms: int, end_ms: int) -> list[Word]:  # words of 400 ms over a stretch
+        return [Word(" w", t, t + 400) for t in range(start_ms, end_ms - 399, 400)]
+
+    # speech 0-3 s, 4-7 s, 8-12 s (in 32 ms chunks)
+    speech = speech_map([(0, 3008), (4000, 7008), (8000, 12000)], 12800)
+    first, middle, last = said(100, 2900), said(4100, 6900), said(8100, 11900)
+    # 4-7 s has no word: (where the word before ends, where the word after starts)
+    assert speech.unheard(0, 12800, first + last, 2000) == (first[-1].end_ms, 8100)
+    assert speech.unheard(0, 12800, first + middle + last, 2000) is None
+    assert speech.unheard(0, 12800, last, 2000) == (0, 8100)  # before the first word
+    assert speech.unheard(0, 12800, first, 2000) == (first[-1].end_ms, 12800)  # after the last
+    assert speech.unheard(0, 12800, first + last, 4000) is None  # 3 s of speech < 4 s
+    # a word stretched over seconds covers only its edges
+    stretched = Word(" of", first[-1].end_ms, 8100)
+    assert speech.unheard(0, 12800, [*first, stretched, *last], 2000) == (3400, 7600)
+    assert speech.onset_within(3000, 12800) == 4000
+    assert speech.onset_within(4100, 7900) is None
+    assert speech.onset_within(0, 12800) == 0
+    # the first pause of 500 ms (1 s) once 2 s (4 s) of speech were heard from 1 s
+    assert speech.pause_after(1000, 2000, 500) == 3008
+    assert speech.pause_after(1000, 4000, 500) == 7008
+    assert speech.pause_after(1000, 2000, 1000) == 12000  # the pauses are 992 ms
+    assert speech.pause_after(1000, 9500, 500) is None
+
+
 def test_speech_map_moves_word_edges_into_speech_and_drops_words_of_silence():
     speech = speech_map([(1024, 2048), (8000, 9024)], 12000)
     early = Word(" early", 200, 1500)  # starts in the silence before the speech

@@ -181,3 +181,37 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_loop_is_ke
     tried.clear()
     result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
     assert result.avg_logprob == max(r.avg_logprob for r in tried)  # all loop: the likeliest
+
+
+def test_speech_a_window_skips_is_decoded_again_up_to_where_the_skip_ends(monkeypatch):
+    """Whisper's decoder may jump over unclear speech to clearer speech later in the window
+    (or stop early), and its seek passes over what it skipped. The VAD hears speech no word
+    covers: the window is decoded again with its audio cut where the skipped speech ends."""
+    import dataclasses
+
+    from engine.model import transcribe as transcribe_module
+
+    paths = [librivox_path(c) for c in ("0880", "0890", "0920", "0930")]
+    samples, reference = concatenated(paths, gap_seconds=1.0)
+    whole_seconds = samples.shape[0] / 16000
+    real = transcribe_module.decode_with_fallback
+    jumped = []
+
+    def jumping(bundle_, features, prompt, audio_seconds, *args, **kwargs):
+        result = real(bundle_, features, prompt, audio_seconds, *args, **kwargs)
+        if audio_seconds < whole_seconds - 1:
+            return result
+        # the window of the whole file: its first two sentences left out, as a decoder that jumped
+        tokens, ts = result.tokens, bundle_.tokenizer.timestamp_begin
+        pairs = [i for i in range(1, len(tokens)) if tokens[i] >= ts and tokens[i - 1] >= ts]
+        jumped.append(bundle_.tokenizer.decode([t for t in tokens[: pairs[1]] if t < ts]))
+        return dataclasses.replace(result, tokens=tokens[pairs[1] :])
+
+    monkeypatch.setattr(transcribe_module, "decode_with_fallback", jumping)
+    result = transcribe(bundle(), samples)
+    assert len(jumped) == 1 and normalize(jumped[0])[:3] == ["he", "was", "not"]
+    assert normalize(result.text)[:3] == ["he", "was", "not"]
+    errors, words = word_errors(reference, result.text)
+    assert errors / words <= 0.15, f"WER {errors / words:.1%}: {result.text}"
+    assert result.segments[0].words[0].start_ms < 1000
+    assert all(a.end <= b.start for a, b in zip(result.segments, result.segments[1:], strict=False))

@@ -25,13 +25,16 @@ from engine.model.decoding import (
     decode,
 )
 from engine.model.timing import align
-from engine.speech_map import SpeechMap
-from engine.timeline import SAMPLE_RATE, positions_to_seconds
+from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SNAP_MS, WORD_SLACK_MS, SpeechMap
+from engine.timeline import SAMPLE_RATE, positions_to_seconds, seconds_to_ms
 from engine.words import Segment, aligned_words, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
 VAD_THRESHOLD = EngineConfig.vad_threshold
+UNHEARD_SPEECH_MS = 2000  # this much VAD speech between a window's words is speech it skipped
+ONSET_PAD_MS = 200  # a window starts this far before a speech onset (the VAD hears onsets late)
+PAUSE_MS = 300  # a window cut short ends at a pause of this much
 
 
 @dataclass
@@ -110,10 +113,70 @@ def _add_words(bundle: ModelBundle, segments: list[Segment],
         segment.words = speech.fit(segment.words, drop=False)
 
 
+def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: int, history: list[int],
+                   speech: SpeechMap) -> tuple[DecodingResult, list[Segment], float]:
+    """Decode mel frames [seek, seek + frames), the rest of the 30 s window silence ->
+    (the decode, its segments with their words, the seconds it consumed)."""
+    model, tokenizer = bundle.model, bundle.tokenizer
+    offset, seconds = seek / FRAMES_PER_SECOND, frames / FRAMES_PER_SECOND
+    chunk = mel[:, seek : seek + N_FRAMES].clone()  # (n_mels, 3000): the padding ends every mel
+    chunk[:, frames:] = mel[:, -1:]  # silence, as the padding after the audio
+    features = model.encoder(chunk[None].to(model.device, model.dtype))  # (1, 1500, n_state)
+    cross = model.decoder.cross_kv(features)  # for every decode of the window and its words
+    result = decode_with_fallback(bundle, features, history, seconds, cross=cross)
+    if result.is_silence:
+        return result, [], seconds
+    new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset, seconds, tokenizer)
+    _add_words(bundle, new, cross, offset, frames, speech)
+    return result, new, consumed
+
+
+def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[Segment], consumed: float,
+                  history: list[int], speech: SpeechMap) -> tuple[list[Segment], float]:
+    """A window's segments and seconds consumed, without skipping speech: where the VAD heard
+    seconds of speech between its words (the decoder jumped ahead to clearer speech, or
+    stopped early and Whisper's seek would pass over the rest), keep the segments before
+    that and go on from there; a window that skips speech at its start is decoded again
+    with its audio cut at the first pause after seconds of the skipped speech. The next
+    window starts before speech that begins after the last word kept (a late timestamp
+    would cut off its onset)."""
+    offset = seek / FRAMES_PER_SECOND
+    words = [w for segment in new for w in segment.words]
+    hole = speech.unheard(seconds_to_ms(offset), seconds_to_ms(offset + consumed), words, UNHEARD_SPEECH_MS)
+    if hole is not None:
+        kept = [s for s in new if s.words and s.words[-1].end_ms <= hole[0]]
+        # the words after the skip are aligned stretched over it: cut at a pause instead
+        pause = speech.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
+        cut = hole[1] if pause is None else min(hole[1], pause + ONSET_PAD_MS)
+        frames = round(cut / 1000 * FRAMES_PER_SECOND) - seek
+        if kept:
+            new, consumed = kept, kept[-1].words[-1].end_ms / 1000 - offset
+        elif frames < round(consumed * FRAMES_PER_SECOND):  # speech after it to cut away
+            result, new, consumed = _decode_window(bundle, mel, seek, frames, history, speech)
+            if result.is_silence:
+                return [], frames / FRAMES_PER_SECOND
+    last = max((s.words[-1].end_ms for s in new if s.words), default=None)
+    if last is not None:
+        onset = speech.onset_within(last + WORD_SLACK_MS, seconds_to_ms(offset + consumed))
+        if onset is not None:
+            consumed = max(last, onset - ONSET_PAD_MS) / 1000 - offset
+    return new, consumed
+
+
+def _heard(segment: Segment, speech: SpeechMap) -> bool:
+    """Whether the VAD heard speech at a segment's words: a segment of silence is Whisper's
+    making (the prompt's last sentence again, a " Thank you."). Words of skipped speech
+    aligned into the silence next to it are no longer kept (`_mind_the_gap`)."""
+    if not segment.words:
+        return True
+    start, end = segment.words[0].start_ms - SNAP_MS, segment.words[-1].end_ms + SNAP_MS
+    return speech.speech_ms(start, end) > 0
+
+
 @torch.inference_mode()
 def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
-    model, tokenizer = bundle.model, bundle.tokenizer
+    model = bundle.model
     duration = audio.shape[0] / SAMPLE_RATE
     mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES)
     content_frames = mel.shape[-1] - N_FRAMES
@@ -123,23 +186,21 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     history: list[int] = []  # tokens of earlier windows with their timestamps, the prompt
     seek = 0
     while seek < content_frames:
+        # a window starts shortly before speech that follows seconds of silence (the decoder
+        # repeats its prompt or makes up words in them)
+        onset = speech.next_speech(seconds_to_ms(seek / FRAMES_PER_SECOND))
+        if onset is not None and onset - seconds_to_ms(seek / FRAMES_PER_SECOND) >= LONG_SILENCE_MS:
+            seek = round((onset - LEAD_IN_MS) / 1000 * FRAMES_PER_SECOND)
         window_frames = min(N_FRAMES, content_frames - seek)
-        window_seconds = window_frames / FRAMES_PER_SECOND
-        offset = seek / FRAMES_PER_SECOND
-        chunk = mel[:, seek : seek + N_FRAMES].to(model.device, model.dtype)  # (n_mels, 3000)
-        features = model.encoder(chunk[None])  # (1, 1500, n_state)
-        cross = model.decoder.cross_kv(features)  # for every decode of the window and its words
-        result = decode_with_fallback(bundle, features, history, window_seconds, cross=cross)
+        result, new, consumed = _decode_window(bundle, mel, seek, window_frames, history, speech)
         if result.is_silence:
             seek += window_frames
             continue
-        new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset,
-                                       window_seconds, tokenizer)
-        _add_words(bundle, new, cross, offset, window_frames, speech)
+        new, consumed = _mind_the_gap(bundle, mel, seek, new, consumed, history, speech)
         for segment in new:
             start = max(segment.start, segments[-1].end if segments else 0.0)
             segment.start, segment.end = min(start, duration), min(max(segment.end, start), duration)
-            if segment.text.strip():
+            if segment.text.strip() and _heard(segment, speech):
                 segments.append(segment)
                 history.extend(segment.prompt)
         if result.temperature > 0.5:
