@@ -13,7 +13,8 @@ from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
 from engine.speech_map import SNAP_MS, SpeechMap
 from engine.words import Word, aligned_words
-from tests.helpers import audio, bundle, librivox_path, speech_onset_ms
+from scripts.wer import word_errors
+from tests.helpers import audio, bundle, librivox_path, speech_onset_ms, transcripts
 
 
 def cheapest_total(cost: np.ndarray) -> float:
@@ -159,3 +160,26 @@ def test_streaming_prompts_put_each_sentence_between_timestamps():
     # sentences at 0-1.0 s and 2.0-3.0 s from the first word; past 30 s, from 0 again
     assert stamps == [0, 1000, 2000, 3000, 0, 400]
     assert len(policy.prompt_tokens(max_tokens=5, timestamp_begin=ts)) <= 5
+
+
+def test_offline_silence_of_a_minute_yields_no_words_and_the_next_sentence_keeps_its_time():
+    """Sentences with 60 s and 30 s of digital silence between them. A window holding a
+    minute of silence made Whisper say " He was a young man." inside it; windows now
+    start a second before speech that follows a long silence, and a segment the VAD heard no
+    speech in is dropped."""
+    names = ("0880", "0920", "0870")
+    clips = [audio(librivox_path(c)) for c in names]
+    silences = [torch.zeros(60 * 16000), torch.zeros(30 * 16000)]
+    samples = torch.cat([clips[0], silences[0], clips[1], silences[1], clips[2]])
+    starts = [0, clips[0].numel() + silences[0].numel(),
+              clips[0].numel() + silences[0].numel() + clips[1].numel() + silences[1].numel()]
+    onsets = [(start + speech_onset_ms(c) * 16) // 16 for start, c in zip(starts, clips, strict=True)]
+    gaps = [((starts[k] + clips[k].numel()) // 16 + 300, starts[k + 1] // 16 - 300) for k in (0, 1)]
+    result = transcribe(bundle(), samples)
+    words = [w for s in result.segments for w in s.words]
+    assert not [w.text for w in words if any(w.end_ms > a and w.start_ms < b for a, b in gaps)]
+    for onset, (_, gap_end) in zip(onsets[1:], gaps, strict=True):
+        first = next(w for w in words if w.start_ms > gap_end - 1000)
+        assert abs(first.start_ms - onset) <= 300, (first, onset)
+    errors, n = word_errors(" ".join(transcripts()[librivox_path(c)] for c in names), result.text)
+    assert errors / n <= 0.15, result.text
