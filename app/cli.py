@@ -20,14 +20,21 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint file or folder (default: bundled Whisper tiny.en)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    parser.add_argument("--int8", action="store_true",
+                        help="run the encoder's linear layers on int8 weights (CPU)")
 
 
 def _load(args: argparse.Namespace):
+    import logging
+
     from engine.model import load_bundle
+    from engine.model.loader import precision
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    return load_bundle(args.model, device=args.device)
+    bundle = load_bundle(args.model, device=args.device, int8=args.int8)
+    logging.getLogger("voxtide").info("model %s: %s", bundle.name, precision(bundle.model))
+    return bundle
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:

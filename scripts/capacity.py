@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.replay import percentile, replay_session  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model import ModelBundle, load_bundle  # noqa: E402
+from engine.model.loader import precision  # noqa: E402
 from scripts.wer import word_errors  # noqa: E402
 from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
@@ -119,12 +120,15 @@ def main() -> int:
     parser.add_argument("--worker", choices=("process", "thread"), default="process",
                         help="where the model runs (`voxtide serve`: a process)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the model's device)")
+    parser.add_argument("--int8", action="store_true", help="the encoder on int8 weights (CPU)")
+    parser.add_argument("--no-bf16", action="store_true", help="no bfloat16 parts (as without AVX512-BF16)")
     parser.add_argument("--upload-seconds", type=float, default=0.0,
                         help="also transcribe a file this long over HTTP as the sessions start")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_bundle(device=args.device)
+    model = load_bundle(device=args.device, bf16=False if args.no_bf16 else None, int8=args.int8)
+    print(f"model: {precision(model.model)}")
     samples, _, _ = passages(0)
     config = EngineConfig(max_num_seqs=args.max_batch, max_partials=args.max_partials,
                           decode_interval_ms=args.decode_interval_ms, pad_seconds=args.pad_seconds,

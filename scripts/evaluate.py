@@ -49,11 +49,11 @@ from app.replay import percentile, result_end_ms, result_words, utterance_end_ms
 from audio.container import load_audio  # noqa: E402
 from audio.io import SAMPLE_RATE, float_to_pcm16  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.model import ModelBundle, load_bundle  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
 from scripts.corpus import DEFAULT_DIR, Score, load_index, score  # noqa: E402
 from scripts.corpus import summary as corpus_summary  # noqa: E402
-from tests.helpers import bundle  # noqa: E402
 from tests.server_client import running_server  # noqa: E402
 
 SYSTEMS = ["stream", "offline", "fw-int8"]
@@ -151,7 +151,8 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
     result.add("stream", words, time.monotonic() - start)
 
 
-async def stream_all(results: list[Result], parallel: int, fast: bool, config: EngineConfig) -> None:
+async def stream_all(results: list[Result], parallel: int, fast: bool, config: EngineConfig,
+                     model: ModelBundle) -> None:
     gate = asyncio.Semaphore(parallel)
 
     async def one(server_url: str, result: Result) -> None:
@@ -162,13 +163,12 @@ async def stream_all(results: list[Result], parallel: int, fast: bool, config: E
 
     folder = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
     longest_first = sorted(results, key=lambda r: -r.clip.seconds)  # the long session sets the pace
-    async with running_server(folder, config, max_sessions=max(16, parallel)) as server:
+    async with running_server(folder, config, model=model, max_sessions=max(16, parallel)) as server:
         base = f"ws://127.0.0.1:{server.port}/v1/listen"  # stream_clip adds the query
         await asyncio.gather(*(one(base, r) for r in longest_first))
 
 
-def offline_all(results: list[Result]) -> None:
-    model = bundle()  # the streaming server's model too
+def offline_all(results: list[Result], model: ModelBundle) -> None:
     transcribe(model, torch.from_numpy(results[0].clip.mono16k()[: SAMPLE_RATE * 3]))  # warm-up
     for result in results:
         samples = torch.from_numpy(result.clip.mono16k())
@@ -309,14 +309,15 @@ def to_json(results: list[Result]) -> list[dict]:
 
 def run_systems(args: argparse.Namespace, results: list[Result]) -> list[str]:
     systems = []
+    model = load_bundle(device="cpu", bf16=False if args.no_bf16 else None, int8=args.int8)
     if "stream" not in args.skip:
         config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
                               preview_pad_seconds=args.preview_pad_seconds or None,
                               worker_process=True)  # as `voxtide serve`
-        asyncio.run(stream_all(results, args.parallel, args.fast, config))
+        asyncio.run(stream_all(results, args.parallel, args.fast, config, model))
         systems.append("stream")
     if "offline" not in args.skip:
-        offline_all(results)
+        offline_all(results, model)
         systems.append("offline")
     if "fw-int8" not in args.skip and faster_whisper_all(results, args.threads):
         systems.append("fw-int8")
@@ -337,6 +338,8 @@ def main() -> int:
                         help="0: partials decode the whole window")
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms, help="0: off")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--int8", action="store_true", help="the encoder on int8 weights")
+    parser.add_argument("--no-bf16", action="store_true", help="no bfloat16 parts (as without AVX512-BF16)")
     parser.add_argument("--skip", nargs="*", default=[], choices=SYSTEMS)
     parser.add_argument("--json", default=None, help="write the figures and transcripts here")
     parser.add_argument("--doc", action="store_true", help="write the tables to docs/evaluation.md")

@@ -12,8 +12,8 @@ from engine.model import CheckpointError, load_bundle
 from engine.model.decoding import DecodingOptions, decode, decode_batch, resync_draft
 from engine.model.loader import cpu_has_bf16, default_model_path, load_model, load_state, openai_to_hf
 from engine.words import shift_timestamps
-from scripts.wer import normalize
-from tests.helpers import ARCTIC_IDS, audio, bundle, exact_bundle, librivox_path
+from scripts.wer import normalize, word_errors
+from tests.helpers import ARCTIC_IDS, audio, bundle, exact_bundle, librivox_path, transcripts
 
 PARITY_CLIPS = ["0870", "0890", "0930"]
 
@@ -274,3 +274,26 @@ def test_shift_timestamps_moves_only_timestamps_and_stops_outside_the_range():
     assert resync_draft([9, 7, 8], 6, ts) is None  # out of step: wait
     assert resync_draft([9, 7, 8], 9, ts) == [7, 8]  # greedy inserted a token: in step again
     assert resync_draft([1, 2, 3, 4, 5], 5, ts) is None  # too far ahead to trust
+
+
+def test_an_int8_encoder_is_close_to_float32_and_transcribes_the_same_words():
+    """`int8=True` runs the encoder's linear layers on int8 weights (torch's dynamic
+    quantization, no AVX512 needed): its output stays close to float32's, and it reads the
+    arctic clips with at most one word error more."""
+    from engine.model.loader import precision
+    from engine.model.transcribe import transcribe
+
+    int8 = load_bundle(device="cpu", int8=True)
+    assert int8.model.encoder_int8 and not exact_bundle().model.encoder_int8
+    assert precision(int8.model).startswith("encoder int8 (")
+    mel = window_mel("0880")
+    with torch.inference_mode():
+        exact, fast = exact_bundle().model.encoder(mel), int8.model.encoder(mel)
+    cosine = torch.nn.functional.cosine_similarity(exact.flatten(), fast.flatten(), dim=0)
+    assert cosine > 0.99, float(cosine)
+    errors = {"fp32": 0, "int8": 0}
+    for clip in ARCTIC_IDS:
+        path = librivox_path(clip)
+        for name, model in (("fp32", exact_bundle()), ("int8", int8)):
+            errors[name] += word_errors(transcripts()[path], transcribe(model, audio(path)).text)[0]
+    assert errors["int8"] <= errors["fp32"] + 1, errors  # of the 71 words

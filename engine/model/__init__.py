@@ -63,11 +63,12 @@ def _alignment_heads(folder: Path, dims: ModelDimensions) -> list[tuple[int, int
 
 
 def load_bundle(path: str | Path | None = None, device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None, bf16: bool | None = None) -> ModelBundle:
+                dtype: torch.dtype | None = None, bf16: bool | None = None,
+                int8: bool = False) -> ModelBundle:
     """Load model, tokenizer and suppress list from a checkpoint (default: bundled tiny.en).
-    `dtype` and `bf16` as in `load_model`."""
+    `dtype`, `bf16` and `int8` as in `load_model`."""
     resolved = Path(path) if path is not None else default_model_path()
-    model = load_model(resolved, device=device, dtype=dtype, bf16=bf16)
+    model = load_model(resolved, device=device, dtype=dtype, bf16=bf16, int8=int8)
     tokenizer = Tokenizer.for_model(resolved, model.dims.n_vocab)
     folder = resolved if resolved.is_dir() else resolved.parent
     model_id = hashlib.blake2b(f"{resolved.resolve()}:{model.dims}".encode(), digest_size=8).hexdigest()

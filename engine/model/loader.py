@@ -318,11 +318,33 @@ def cpu_has_bf16() -> bool:
         return False
 
 
+def cpu_isa() -> str:
+    """The widest vector instruction set torch's CPU kernels use here ("AVX512", "AVX2",
+    ...; ATEN_CPU_CAPABILITY lowers it)."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability()).upper()
+    except (AttributeError, RuntimeError):
+        return "DEFAULT"
+
+
+def precision(model: Whisper) -> str:
+    """How the model computes, for the start-up log: "encoder int8 (AVX2), decoder float32"."""
+    def name(dtype: torch.dtype) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    if model.device.type != "cpu":
+        return f"{name(model.dtype)} ({model.device})"
+    encoder = "int8" if model.encoder_int8 else name(model.encoder.blocks[0].mlp_ln.weight.dtype)
+    isa = "AVX512-BF16" if encoder == "bfloat16" else cpu_isa()
+    return f"encoder {encoder} ({isa}), decoder {name(model.dtype)}"
+
+
 def load_model(
     path: str | Path | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     bf16: bool | None = None,
+    int8: bool = False,
 ) -> Whisper:
     """Load a Whisper checkpoint onto `device` (CUDA if available, else CPU).
 
@@ -331,6 +353,8 @@ def load_model(
     encoder's transformer blocks and a copy of the output projection are bfloat16 (1.8x and
     3x faster here, see docs/performance.md; the projection computes the logits that decide
     again in float32, `TextDecoder.logits`); without it the projection copy is float16.
+    `int8`: the encoder's linear layers run on int8 weights instead
+    (`Whisper.set_encoder_int8`), the projection copy as above.
     """
     path = Path(path) if path is not None else default_model_path()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -354,7 +378,10 @@ def load_model(
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     model = model.to(device=device, dtype=dtype).eval()
     if device.type == "cpu" and dtype == torch.float32:
-        if cpu_has_bf16() if bf16 is None else bf16:
+        if int8:
+            model.set_encoder_int8()
+            model.set_projection_dtype(torch.bfloat16 if cpu_has_bf16() else torch.float16)
+        elif cpu_has_bf16() if bf16 is None else bf16:
             model.set_encoder_dtype(torch.bfloat16)
             model.set_projection_dtype(torch.bfloat16)
         else:

@@ -10,6 +10,7 @@ Follows openai/whisper's model.py, with two changes that a serving engine needs:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,12 @@ FEW_QUERIES = 64
 # bfloat16 logits are off by about 0.1 at most: the tokens within this of the best are the
 # ones a float32 projection could rank first
 BF16_LOGIT_MARGIN = 0.5
+
+# int8 layers (Whisper.set_encoder_int8) run on oneDNN's kernels, which ONEDNN_MAX_CPU_ISA
+# limits like the rest of oneDNN (docs/performance.md measures an AVX2 host that way). Set on
+# import, before a worker process unpickles the layers (unpickling packs them for the engine).
+if "onednn" in torch.backends.quantized.supported_engines:
+    torch.backends.quantized.engine = "onednn"
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,33 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class Int8Linear(nn.Module):
+    """A linear layer on int8 weights (symmetric, per output channel) whose input is quantized
+    per call: torch's dynamic quantization, whose x86 kernels need AVX2 only. It holds plain
+    tensors, shared with a worker process like the other weights, and packs them for the
+    kernels on first use in the process that runs it (packed weights do not pickle)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (out,)
+        self.register_buffer("weight", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.double())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        self.packed: Any = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.packed is None:
+            zero = torch.zeros_like(self.scale, dtype=torch.long)
+            weight = torch._make_per_channel_quantized_tensor(self.weight, self.scale, zero, 0)
+            self.packed = torch.ops.quantized.linear_prepack(weight, self.bias)
+        y = torch.ops.quantized.linear_dynamic(x.float().reshape(-1, x.shape[-1]), self.packed, True)
+        return y.reshape(*x.shape[:-1], -1).to(x.dtype)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "packed": None}
 
 
 class Conv1d(nn.Conv1d):
@@ -392,6 +426,19 @@ class Whisper(nn.Module):
         norm and everything the decoder reads stay in the model dtype). Converts the block
         weights in place: going back to float32 does not restore the lost bits."""
         self.encoder.blocks.to(dtype)
+
+    def set_encoder_int8(self) -> None:
+        """Run the linear layers of the encoder's transformer blocks on int8 weights
+        (`Int8Linear`); attention products, layer norms and the rest stay float32. Replaces
+        the layers in place."""
+        for parent in list(self.encoder.blocks.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, Linear):
+                    setattr(parent, name, Int8Linear(child))
+
+    @property
+    def encoder_int8(self) -> bool:
+        return isinstance(self.encoder.blocks[0].mlp[0], Int8Linear)
 
     def forward(self, mel: Tensor, tokens: Tensor) -> Tensor:
         return self.decoder(tokens, self.encoder(mel))
