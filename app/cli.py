@@ -20,11 +20,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint file or folder (default: bundled Whisper tiny.en)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    parser.add_argument("--int8", action="store_true",
-                        help="run the encoder's linear layers on int8 weights (CPU)")
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, int8: bool = False):
     import logging
 
     from engine.model import load_bundle
@@ -32,7 +30,7 @@ def _load(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    bundle = load_bundle(args.model, device=args.device, int8=args.int8)
+    bundle = load_bundle(args.model, device=args.device, int8=int8)
     logging.getLogger("voxtide").info("model %s: %s", bundle.name, precision(bundle.model))
     return bundle
 
@@ -41,7 +39,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from audio import load_audio
     from engine.model.transcribe import transcribe
 
-    bundle = _load(args)
+    bundle = _load(args, args.int8)
     status = 0
     for path in args.files:
         try:
@@ -84,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per request
     config, engine_config = serve_configs(args, dict(os.environ))
-    server = Server(Engine(_load(args), engine_config), config)
+    server = Server(Engine(_load(args, engine_config.int8), engine_config), config)
     try:
         asyncio.run(server.serve_forever())
     except KeyboardInterrupt:
@@ -154,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("transcribe", help="transcribe audio files offline")
     p.add_argument("files", nargs="+", help="wav/flac/ogg files, any rate and channel count")
     p.add_argument("--json", action="store_true", help="one JSON object per file")
+    p.add_argument("--int8", action="store_true",
+                   help="the encoder's linear layers on int8 weights (CPU; costs some WER)")
     _add_model_args(p)
     p.set_defaults(func=cmd_transcribe)
 

@@ -23,11 +23,11 @@ def test_flags_win_over_the_environment_which_wins_over_the_file(tmp_path):
     config.write_text('[server]\nmax_sessions = 4\nmax_lag_s = 5\nfsync = true\n'
                       '[engine]\nendpoint_ms = 400\npad_seconds = 10\nmax_finals = 3\n')
     env = {"VOXTIDE_ENDPOINT_MS": "300", "VOXTIDE_MAX_SESSIONS": "6", "VOXTIDE_PAD_SECONDS": "none",
-           "VOXTIDE_VENV_ROOT": "/elsewhere"}  # not a setting: ignored
+           "VOXTIDE_INT8": "1", "VOXTIDE_VENV_ROOT": "/elsewhere"}  # not a setting: ignored
     server, engine = serve_configs(serve_args(config=str(config), max_sessions=8), env)
     assert server.max_sessions == 8  # the flag
     assert server.max_lag_s == 5.0 and server.fsync is True  # the file
-    assert engine.endpoint_ms == 300 and engine.pad_seconds is None  # the environment
+    assert engine.endpoint_ms == 300 and engine.pad_seconds is None and engine.int8  # the environment
     assert engine.max_finals == 3 and engine.worker_process is True  # the file; serve's default
     server, engine = serve_configs(serve_args(), {})
     assert server == ServerConfig()
