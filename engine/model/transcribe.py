@@ -145,16 +145,17 @@ def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[S
     hole = speech.unheard(seconds_to_ms(offset), seconds_to_ms(offset + consumed), words, UNHEARD_SPEECH_MS)
     if hole is not None:
         kept = [s for s in new if s.words and s.words[-1].end_ms <= hole[0]]
-        # the words after the skip are aligned stretched over it: cut at a pause instead
-        pause = speech.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
-        cut = hole[1] if pause is None else min(hole[1], pause + ONSET_PAD_MS)
-        frames = round(cut / 1000 * FRAMES_PER_SECOND) - seek
         if kept:
             new, consumed = kept, kept[-1].words[-1].end_ms / 1000 - offset
-        elif frames < round(consumed * FRAMES_PER_SECOND):  # speech after it to cut away
-            result, new, consumed = _decode_window(bundle, mel, seek, frames, history, speech)
-            if result.is_silence:
-                return [], frames / FRAMES_PER_SECOND
+        else:
+            # the words after the skip are aligned stretched over it: cut at a pause instead
+            pause = speech.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
+            cut = hole[1] if pause is None else min(hole[1], pause + ONSET_PAD_MS)
+            frames = round(cut / 1000 * FRAMES_PER_SECOND) - seek
+            if frames < round(consumed * FRAMES_PER_SECOND):  # speech after it to cut away
+                result, new, consumed = _decode_window(bundle, mel, seek, frames, history, speech)
+                if result.is_silence:
+                    return [], frames / FRAMES_PER_SECOND
     last = max((s.words[-1].end_ms for s in new if s.words), default=None)
     if last is not None:
         onset = speech.onset_within(last + WORD_SLACK_MS, seconds_to_ms(offset + consumed))
@@ -188,8 +189,9 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     while seek < content_frames:
         # a window starts shortly before speech that follows seconds of silence (the decoder
         # repeats its prompt or makes up words in them)
-        onset = speech.next_speech(seconds_to_ms(seek / FRAMES_PER_SECOND))
-        if onset is not None and onset - seconds_to_ms(seek / FRAMES_PER_SECOND) >= LONG_SILENCE_MS:
+        at = seconds_to_ms(seek / FRAMES_PER_SECOND)
+        onset = speech.next_speech(at)
+        if onset is not None and onset - at >= LONG_SILENCE_MS:
             seek = round((onset - LEAD_IN_MS) / 1000 * FRAMES_PER_SECOND)
         window_frames = min(N_FRAMES, content_frames - seek)
         result, new, consumed = _decode_window(bundle, mel, seek, window_frames, history, speech)
