@@ -378,12 +378,10 @@ def load_model(
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     model = model.to(device=device, dtype=dtype).eval()
     if device.type == "cpu" and dtype == torch.float32:
+        use_bf16 = cpu_has_bf16() if bf16 is None else bf16
         if int8:
             model.set_encoder_int8()
-            model.set_projection_dtype(torch.bfloat16 if cpu_has_bf16() else torch.float16)
-        elif cpu_has_bf16() if bf16 is None else bf16:
+        elif use_bf16:
             model.set_encoder_dtype(torch.bfloat16)
-            model.set_projection_dtype(torch.bfloat16)
-        else:
-            model.set_projection_dtype(torch.float16)
+        model.set_projection_dtype(torch.bfloat16 if use_bf16 else torch.float16)
     return model
