@@ -149,9 +149,10 @@ class Engine:
         return stream.committed_ms if stream is not None else 0
 
     def decoded_samples(self, request_id: str) -> int | None:
-        """16 kHz samples of the session the model has looked at (None: unknown request)."""
+        """16 kHz samples of the session the engine has looked at: decoded, or heard as
+        silence since the last decode (None: unknown request)."""
         stream = self.streams.get(request_id)
-        return None if stream is None else stream.request.num_decoded_samples
+        return None if stream is None else stream.looked_at_samples
 
     def inject(self, hashes: list[str], features: list[torch.Tensor]) -> None:
         """Add item features processed elsewhere to the runner's processor cache (in the

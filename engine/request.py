@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from engine.timeline import positions_to_samples
-
 
 @dataclass
 class PlaceholderRange:
@@ -101,11 +99,6 @@ class Request:
     def num_positions(self) -> int:
         """Positions covered by items on the timeline."""
         return self.mm_features[-1].mm_position.end if self.mm_features else 0
-
-    @property
-    def num_decoded_samples(self) -> int:
-        """16 kHz samples up to the end of the last window decoded."""
-        return positions_to_samples(self.num_decoded_positions)
 
     @property
     def num_items(self) -> int:

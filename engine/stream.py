@@ -28,7 +28,7 @@ from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
 from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SpeechMap
-from engine.timeline import item_positions, ms_to_positions, positions_to_ms, samples_to_ms
+from engine.timeline import item_positions, ms_to_positions, positions_to_ms, positions_to_samples, samples_to_ms
 from engine.words import Word, shift_timestamps
 
 # speech within this of the committed words' end is taken for their tail (a last word's
@@ -128,6 +128,17 @@ class Stream:
     def committed_ms(self) -> int:
         """End of the committed text in received-audio ms."""
         return self.padding.audio_ms(self.policy.committed_end_ms)
+
+    @property
+    def looked_at_samples(self) -> int:
+        """Timeline samples up to the last decoded window's end or, when the VAD heard only
+        silence since then, up to the last item it heard: a silent session has no backlog
+        (nothing there is decoded, ever)."""
+        request = self.request
+        end = request.num_decoded_positions
+        if request.last_speech_end <= end:
+            end = max(end, self.num_tracked * self.item_positions)
+        return positions_to_samples(end)
 
     # ------------------------------------------------------------------ commands
 

@@ -153,6 +153,26 @@ async def test_overload_warns_pushes_back_and_refuses_new_sessions(tmp_path):
     assert error_rate(reference, text) <= 0.15, text
 
 
+async def test_a_silent_session_is_no_backlog_and_no_overload(tmp_path):
+    # an open microphone in a quiet room: nothing to decode, so nothing behind
+    silence = pcm16_at(torch.zeros(20 * 16000).numpy(), 16000)
+    async with running_server(tmp_path, max_lag_s=1.0, max_backlog_s=3.0) as server:
+        async with connect(url(server, "/v1/listen")) as ws:
+            messages: list[dict] = []
+            reader = asyncio.create_task(collect(ws, messages))
+            for i in range(0, len(silence), CHUNK):  # as fast as the socket takes it
+                await ws.send(silence[i : i + CHUNK])
+            (session_id,) = server.sessions
+            received = server.loop.routes[session_id]
+            await wait_until(lambda: received.num_received == len(silence) // 2)
+            await wait_until(lambda: server.loop.backlog_s(session_id) < 0.5)
+            assert not server.overloaded()
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            await reader
+    assert not [m for m in messages if m["type"] == "Warning"]
+    assert messages[-1]["type"] == "Metadata" and messages[-1]["duration"] == 20.0
+
+
 async def test_disconnect_storm_leaves_nothing_behind(tmp_path):
     samples, _ = arctic_passage(6)
     pcm = pcm16_at(samples, 16000)
