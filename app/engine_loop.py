@@ -24,6 +24,7 @@ import numpy as np
 
 from app.metrics import Metrics
 from engine.engine import Engine, EngineOutput, StepInput
+from engine.load import LoadMeter
 from engine.model_runner import RunnerOutput
 from engine.timeline import samples_to_seconds
 
@@ -51,6 +52,7 @@ class EngineLoop:
         self.wakeup = asyncio.Event()
         self.stepped = asyncio.Condition()  # notified after every step
         self.task: asyncio.Task | None = None
+        self.load = LoadMeter()  # the share of time on live finals: what to shed, whom to admit
 
     # -------------------------------------------------------- called by session handlers
 
@@ -127,11 +129,12 @@ class EngineLoop:
                     await asyncio.sleep(HEALTH_POLL_S)
                     continue
             self._apply_commands()
+            engine.shed(self.load.update(time.perf_counter()))
             step = engine.schedule()
             if step is not None:
                 started = time.perf_counter()
                 output = await self._execute(step)
-                self._record(started, output)
+                self._record(started, step, output)
                 for result in engine.update_from_output(output):
                     self._route(result)
                 async with self.stepped:
@@ -166,8 +169,12 @@ class EngineLoop:
             await asyncio.wait({running, woken}, return_when=asyncio.FIRST_COMPLETED)
             woken.cancel()
 
-    def _record(self, started: float, output: RunnerOutput) -> None:
-        self.metrics.step_time.observe(time.perf_counter() - started)
+    def _record(self, started: float, step: StepInput, output: RunnerOutput) -> None:
+        now = time.perf_counter()
+        self.load.record(started, now, any(w.live_final for w in step.scheduled.windows))
+        self.metrics.load.set(self.load.share(now))
+        self.metrics.shedding.set(self.load.shedding)
+        self.metrics.step_time.observe(now - started)
         self.metrics.steps.inc()
         if output.num_fallbacks:
             self.metrics.fallbacks.inc(output.num_fallbacks)

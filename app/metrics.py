@@ -42,7 +42,8 @@ class Metrics:
                                         "Sessions taken over by a new connection (resume token)",
                                         ["protocol"], registry=r)
         self.rate_limited = Counter("voxtide_rate_limited",
-                                    "rate_limited warnings sent (a session's backlog over max_lag)",
+                                    "rate_limited warnings sent (a session's backlog over max_lag, "
+                                    "or partials shed for load)",
                                     ["protocol"], registry=r)
         self.audio_seconds = Counter("voxtide_audio_seconds", "Audio received by sessions (s)",
                                      registry=r)
@@ -75,6 +76,10 @@ class Metrics:
         self.steps = Counter("voxtide_engine_steps", "Engine steps run", registry=r)
         self.model_threads = Gauge("voxtide_model_threads", "Torch threads of the model worker "
                                    "(fewer while other programs keep cores busy)", registry=r)
+        self.load = Gauge("voxtide_engine_load", "Share of the last 20 s the model spent on "
+                          "steps with a live final (engine/load.py)", registry=r)
+        self.shedding = Gauge("voxtide_engine_shedding", "Optional work given up for load: 0 none, "
+                              "1 fewer partials, 2 and no previews", registry=r)
         self.fallbacks = Counter("voxtide_decode_fallbacks",
                                  "Windows re-decoded at a higher temperature (loops, low confidence)",
                                  registry=r)

@@ -8,9 +8,10 @@ Websocket: /v1/listen and /v1/realtime, behind the optional API key, given as
 `Authorization: Bearer <key>` or `Token <key>`, `?api_key=<key>`, or by browsers (which
 cannot set headers) as a subprotocol: Deepgram's ["token", <key>] or OpenAI's
 "openai-insecure-api-key.<key>". A refused handshake gets an HTTP status and a text body.
-Beyond `max_sessions`, or while the server is overloaded (most sessions more than
-`max_lag_s` behind), a connection is accepted and closed with 1013 (try again later) and a
-reason; messages over `max_message_bytes` close the connection with 1009 (done by uvicorn).
+Beyond `max_sessions`, or while the server is overloaded (another session's finals would
+make the others wait: engine/load.py; or most sessions are more than `max_lag_s` behind), a
+connection is accepted and closed with 1013 (try again later) and a reason; messages over
+`max_message_bytes` close the connection with 1009 (done by uvicorn).
 A /v1/listen connection with a `resume_token` takes over its dropped session (404 for an
 unknown or expired token) and does not count as a new session.
 
@@ -340,7 +341,11 @@ class Server:
         return session if session is not None and not session.finishing else None
 
     def overloaded(self) -> bool:
-        """Most open sessions are more than max_lag_s behind: a new one would only add lag."""
+        """A new session would make the others wait: the model's time on live finals would
+        grow over what keeps their latency (engine/load.py), or most open sessions are
+        already more than max_lag_s behind."""
+        if not self.loop.load.admits(time.perf_counter(), len(self.sessions)):
+            return True
         behind = sum(self.loop.backlog_s(s.id) > self.config.max_lag_s for s in self.sessions.values())
         return behind > 0 and 2 * behind >= len(self.sessions)
 
@@ -352,7 +357,7 @@ class Server:
         if len(self.sessions) >= self.config.max_sessions:
             return "max_sessions", f"server at capacity ({self.config.max_sessions} sessions)"
         if self.overloaded():
-            return "overloaded", f"server overloaded (sessions over {self.config.max_lag_s:g} s behind)"
+            return "overloaded", "server overloaded (no room for another session's finals)"
         return None
 
     async def _handshake(self, ws: WebSocket, check: Any, protocol: str) -> Any:

@@ -28,7 +28,13 @@ from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
 from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SpeechMap
-from engine.timeline import item_positions, ms_to_positions, positions_to_ms, positions_to_samples, samples_to_ms
+from engine.timeline import (
+    item_positions,
+    ms_to_positions,
+    positions_to_ms,
+    positions_to_samples,
+    samples_to_ms,
+)
 from engine.words import Word, shift_timestamps
 
 # speech within this of the committed words' end is taken for their tail (a last word's

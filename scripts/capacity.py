@@ -7,7 +7,9 @@ once: the worst case. With `--rotate`, session i speaks the five recordings star
 the (i mod 5)-th, so pauses fall at different times, as for independent speakers.
 Printed per N: final latency p50/p95 over all sessions (a final's arrival minus when the
 audio up to the end of its recording was sent: a fixed point, whatever times the server
-gives the words), the largest lag and the pooled WER. An N given more than once
+gives the words), the largest lag, the pooled WER, the engine's largest load (the share of
+the last 20 s spent on steps with a live final, engine/load.py) and the share of the run it
+shed optional work (fewer partials, no previews). An N given more than once
 (`--sessions 8 8 8`) is run that often, and its p95 range and median are printed too: the
 host's speed drifts from run to run.
 The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s. With `--upload-seconds S`, a file of S s
@@ -86,9 +88,17 @@ async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, up
             return await replay_session(url(server, "/v1/listen"), f"s{i}", audio[i][0], chunk_ms=100,
                                         speech_ends_ms=audio[i][2])
 
+        async def watch_load():  # the engine's load (engine/load.py), twice a second
+            while True:
+                loads.append((server.loop.load.share(time.perf_counter()), server.loop.load.shedding))
+                await asyncio.sleep(0.5)
+
+        loads: list[tuple[float, int]] = []
+        watcher = asyncio.create_task(watch_load())
         file = asyncio.create_task(upload(server.port, upload_s)) if upload_s else None
         reports = await asyncio.gather(*(one(i) for i in range(n)))
         speed = await file if file is not None else None
+        watcher.cancel()
     latencies = [x for r in reports for x in r.final_latencies]
     errors = words = 0
     for r, (_, reference, _) in zip(reports, audio, strict=True):
@@ -98,7 +108,9 @@ async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, up
             "p95": round(percentile(latencies, 0.95), 2),
             "max_lag": round(max(r.max_lag_s for r in reports), 2),
             "wer": round(errors / words, 4), "server_errors": sum(len(r.errors) for r in reports),
-            "upload_speed": round(speed, 1) if speed is not None else None}
+            "upload_speed": round(speed, 1) if speed is not None else None,
+            "max_load": round(max(share for share, _ in loads), 2),
+            "shedding": round(sum(level > 0 for _, level in loads) / len(loads), 2)}
 
 
 def main() -> int:
@@ -144,12 +156,13 @@ def main() -> int:
           f"{samples.shape[0] / 16000:.1f} s per session"
           + (", rotated" if args.rotate else ", all in step")
           + (f", a {args.upload_seconds:g} s upload beside them" if args.upload_seconds else ""))
-    print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6}")
+    print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6} {'load':>5} {'shed':>5}")
     rows = []
     for n in args.sessions:
         row = asyncio.run(run(n, config, args.rotate, model, args.upload_seconds))
         rows.append(row)
         print(f"{n:8d} {row['p50']:6.2f} {row['p95']:6.2f} {row['max_lag']:7.2f} {row['wer']:6.1%}"
+              f" {row['max_load']:5.2f} {row['shedding']:5.0%}"
               + (f"  server errors {row['server_errors']}" if row["server_errors"] else "")
               + (f"  upload {row['upload_speed']}x real time" if row["upload_speed"] else ""), flush=True)
     for n in sorted({n for n in args.sessions if args.sessions.count(n) > 1}):

@@ -7,6 +7,7 @@ import errno
 import gc
 import json
 import random
+import time
 import weakref
 
 import pytest
@@ -17,6 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from app.replay import result_words, transcript
 from app.store import TranscriptStore
 from engine.config import EngineConfig
+from engine.load import WINDOW_S
 from scripts.corpus import align
 from scripts.wer import normalize
 from tests.helpers import concatenated, librivox_path, transcripts
@@ -149,6 +151,32 @@ async def test_overload_warns_pushes_back_and_refuses_new_sessions(tmp_path):
     assert rejected == len(refusals)
     # nothing accepted was dropped: every second is accounted for and transcribed
     assert messages[-1]["type"] == "Metadata" and messages[-1]["duration"] == len(pcm) / 32000
+    text = " ".join(transcript(m) for m in finals(messages))
+    assert error_rate(reference, text) <= 0.15, text
+
+
+async def test_under_load_the_client_is_told_and_new_sessions_are_refused(tmp_path):
+    samples, reference = arctic_passage(2)
+    pcm = pcm16_at(samples, 16000)
+    async with running_server(tmp_path) as server:
+        async with connect(url(server, "/v1/listen")) as ws:
+            messages: list[dict] = []
+            reader = asyncio.create_task(collect(ws, messages))
+            # the model spent the last WINDOW_S on live finals (a busy neighbour, say)
+            now = time.perf_counter()
+            server.loop.load.record(now - WINDOW_S, now, required=True)
+            async with connect(url(server, "/v1/listen")) as other:
+                with pytest.raises(ConnectionClosed):
+                    await other.recv()
+            assert other.close_code == 1013 and "overloaded" in other.close_reason
+            for i in range(0, len(pcm), CHUNK):
+                await ws.send(pcm[i : i + CHUNK])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            await reader
+        rejected = server.metrics.value("voxtide_sessions_rejected_total", reason="overloaded")
+    assert rejected == 1
+    (warning,) = [m for m in messages if m["type"] == "Warning"]  # told once, not per message
+    assert warning["code"] == "rate_limited" and "partial results come less often" in warning["description"]
     text = " ".join(transcript(m) for m in finals(messages))
     assert error_rate(reference, text) <= 0.15, text
 
