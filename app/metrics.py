@@ -78,8 +78,8 @@ class Metrics:
                                    "(fewer while other programs keep cores busy)", registry=r)
         self.load = Gauge("voxtide_engine_load", "Share of the last 20 s the model spent on "
                           "steps with a live final (engine/load.py)", registry=r)
-        self.shedding = Gauge("voxtide_engine_shedding", "Optional work given up for load: 0 none, "
-                              "1 fewer partials, 2 and no previews", registry=r)
+        self.shedding = Gauge("voxtide_engine_shedding", "1 while partials come less often for load",
+                              registry=r)
         self.fallbacks = Counter("voxtide_decode_fallbacks",
                                  "Windows re-decoded at a higher temperature (loops, low confidence)",
                                  registry=r)

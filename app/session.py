@@ -11,8 +11,8 @@ for the client to come back with its resume token; meanwhile the engine goes on 
 finals go to the store and a replay buffer. After each message the session checks its
 backlog: over `max_lag_s` the client gets a rate_limited warning (at most every 5 s); at
 `max_backlog_s` the session stops reading its socket until the engine catches up. When the
-engine starts shedding partials for load (engine/load.py), or sheds more, the client gets a
-rate_limited warning too.
+engine starts shedding partials for load (engine/load.py), the client gets a rate_limited
+warning too.
 
 At shutdown the server ends each session's input at its next pause (`stop_input`); the
 session tells the client how much audio it took, transcribes it, and closes.
@@ -44,7 +44,6 @@ from audio.io import check_stream_rate
 from audio.stream import StreamResampler
 from audio.vad import SpeechDetector
 from engine.engine import EngineOutput
-from engine.load import Shedding
 from engine.timeline import samples_to_ms
 from engine.words import Word
 
@@ -137,7 +136,7 @@ class Session:
         self.close_code, self.close_reason = CLOSE_NORMAL, ""
         self.first_audio_at: float | None = None
         self.warned_at = -WARN_INTERVAL_S  # last rate_limited warning (monotonic s)
-        self.told_shedding = Shedding.NONE  # the engine's shedding the client was last told of
+        self.told_shedding = False  # whether the client was told of the engine's shedding
         self.sent_text = False
         self.tentative: list[str] = []  # texts of the current tentative words
         self.tentative_since: list[float] = []  # when each was first shown
@@ -333,12 +332,10 @@ class Session:
         load; stop reading while it is far ahead."""
         config, loop = self.ctx.config, self.ctx.loop
         shedding = loop.load.shedding
-        if shedding > self.told_shedding:
+        if shedding and not self.told_shedding:
             self.ctx.metrics.rate_limited.labels(self.protocol).inc()
-            await self.send_warning(
-                "rate_limited", "the server is under load: partial results come less often"
-                + (" and only for long speech" if shedding >= Shedding.NO_PREVIEWS else "")
-                + ", to keep finals on time")
+            await self.send_warning("rate_limited", "the server is under load: partial results come "
+                                    "less often, to keep finals on time")
         self.told_shedding = shedding
         backlog = loop.backlog_s(self.id)
         now = time.monotonic()

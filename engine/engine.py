@@ -18,7 +18,6 @@ import torch
 
 from audio.vad import detect
 from engine.config import EngineConfig
-from engine.load import Shedding
 from engine.mm_window import window_pieces
 from engine.model import ModelBundle
 from engine.model_runner import ModelInput, ModelRunner, RunnerOutput, WindowInput, WindowResult
@@ -149,9 +148,9 @@ class Engine:
         stream = self.streams.get(request_id)
         return stream.committed_ms if stream is not None else 0
 
-    def shed(self, level: Shedding) -> None:
-        """Give up this much optional work from the next schedule on (engine/load.py)."""
-        self.scheduler.shedding = level
+    def shed(self, shedding: bool) -> None:
+        """Whether partials come less often from the next schedule on (engine/load.py)."""
+        self.scheduler.shedding = shedding
 
     def decoded_samples(self, request_id: str) -> int | None:
         """16 kHz samples of the session the engine has looked at: decoded, or heard as

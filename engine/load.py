@@ -2,59 +2,45 @@
 
 Required work is a step with a live final in it: a client waits for that text. Partials,
 previews and background files are optional: nobody loses a word without them. When the
-required share grows (more sessions, or a busy neighbour taking CPU), optional work goes
-first: partials come less often, then previews stop (the partials of long unbroken speech,
-which commit by agreement, stay), so finals keep their latency; over
-`ADMIT_SHARE` no new session is taken (its finals would add to everyone's wait).
+required share grows (more sessions, or a busy neighbour taking CPU), partials come less
+often. They are not dropped: a final decode verifies its window's last partial as its draft
+instead of generating every token, so finals without partials cost more. Over
+`ADMIT_SHARE` no new session is taken: its finals would add to everyone's wait.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from enum import IntEnum
 
 WINDOW_S = 20.0  # the share is over this much recent wall time (a few sentences of everyone)
-FEWER_PARTIALS_SHARE = 0.5  # over this, partials come PARTIAL_SLOWDOWN times less often
-NO_PREVIEWS_SHARE = 0.7  # over this, no previews either (only partials that can commit)
-ADMIT_SHARE = 0.8  # a new session is refused when the share with it would be over this
+SHED_SHARE = 0.5  # over this, partials come PARTIAL_SLOWDOWN times less often
+HYSTERESIS = 0.1  # and again as often once the share is this far under SHED_SHARE
 PARTIAL_SLOWDOWN = 3
-HYSTERESIS = 0.1  # a level is left only once the share is this far under its threshold
-
-
-class Shedding(IntEnum):
-    NONE = 0
-    FEWER_PARTIALS = 1  # every partial waits PARTIAL_SLOWDOWN decode intervals
-    NO_PREVIEWS = 2  # and previews (shown, never committed) are not decoded at all
+# a new session is refused when the share with it would reach this: with everyone's pauses
+# at once (the worst case), final latency p95 reaches 1.5 s at a share of about 0.6
+ADMIT_SHARE = 0.7
 
 
 class LoadMeter:
-    """The wall time of recent required steps, and the shedding level it calls for."""
+    """The wall time of recent required steps, and whether to shed partials."""
 
     def __init__(self, window_s: float = WINDOW_S):
         self.window_s = window_s
         self.busy: deque[tuple[float, float]] = deque()  # (start, end) of required steps
-        self.shedding = Shedding.NONE
+        self.shedding = False
 
     def record(self, start: float, end: float, required: bool) -> None:
         """A step ran from `start` to `end` (monotonic seconds)."""
         if required:
             self.busy.append((start, end))
 
-    def update(self, now: float) -> Shedding:
-        """The shedding level the share calls for now (before each schedule)."""
+    def update(self, now: float) -> bool:
+        """Whether partials are shed now (asked before each schedule)."""
         while self.busy and self.busy[0][1] <= now - self.window_s:
             self.busy.popleft()
-        self.shedding = self._level(self.share(now))
+        share = self.share(now)
+        self.shedding = share >= SHED_SHARE or (self.shedding and share >= SHED_SHARE - HYSTERESIS)
         return self.shedding
-
-    def _level(self, share: float) -> Shedding:
-        """The deepest level whose threshold the share reaches; a level held is kept until
-        the share falls HYSTERESIS under its threshold (no flapping at the edge)."""
-        for level, threshold in ((Shedding.NO_PREVIEWS, NO_PREVIEWS_SHARE),
-                                 (Shedding.FEWER_PARTIALS, FEWER_PARTIALS_SHARE)):
-            if share >= threshold or (self.shedding >= level and share >= threshold - HYSTERESIS):
-                return level
-        return Shedding.NONE
 
     def share(self, now: float) -> float:
         """Share of the last `window_s` seconds before `now` spent on required steps."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.commit import commits_whole
 from engine.encoder_cache import EncoderCacheManager
-from engine.load import PARTIAL_SLOWDOWN, Shedding
+from engine.load import PARTIAL_SLOWDOWN
 from engine.mm_window import get_mm_features_in_window
 from engine.request import Request
 from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND
@@ -82,7 +82,7 @@ class Scheduler:
         self.num_due = 0  # finals numbered so far (Request.due_number)
         self.num_queued = 0  # round-robin numbers given so far (Request.queue_number)
         self.reencode: dict[str, list[int]] = {}  # request id -> items to encode again (a new runner)
-        self.shedding = Shedding.NONE  # the optional work given up for load (engine/load.py)
+        self.shedding = False  # partials come PARTIAL_SLOWDOWN times less often (engine/load.py)
 
     def add_request(self, request: Request) -> None:
         """A new session goes to the back of the round-robin."""
@@ -105,16 +105,8 @@ class Scheduler:
             return False  # only silence since the last decode: nothing to show, nothing to spend
         interval = self.config.decode_interval
         if self.shedding and not request.background:
-            if self.shedding >= Shedding.NO_PREVIEWS and self._is_preview(request, request.num_positions):
-                return False
             interval *= PARTIAL_SLOWDOWN
         return request.num_positions - request.num_decoded_positions >= interval
-
-    def _is_preview(self, request: Request, end: int) -> bool:
-        """Whether a partial window ending at `end` decodes only the audio since the last
-        final (too short to commit by agreement)."""
-        return request.window_start <= request.preview_start and (
-            end - request.preview_start < self.config.preview_positions)
 
     def note_final_due(self, request: Request) -> None:
         """Give a request whose final is due its place in line, if it has none; take it from
@@ -201,7 +193,8 @@ class Scheduler:
         stops = [p for p in (endpoint, request.flush_position) if start < p < end]
         if stops:  # the window ends at the pause or the flush (audio past it waits, a backlog)
             end = min(stops)
-        preview = partial and self._is_preview(request, end)
+        preview = partial and start <= request.preview_start and (
+            end - request.preview_start < self.config.preview_positions)
         if preview:
             start = request.preview_start
         lo, hi = get_mm_features_in_window(request.mm_features, start, end)

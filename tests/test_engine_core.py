@@ -5,15 +5,7 @@ from collections import deque
 from functools import partial
 
 from engine.encoder_cache import EncoderCacheManager
-from engine.load import (
-    ADMIT_SHARE,
-    FEWER_PARTIALS_SHARE,
-    HYSTERESIS,
-    NO_PREVIEWS_SHARE,
-    PARTIAL_SLOWDOWN,
-    LoadMeter,
-    Shedding,
-)
+from engine.load import ADMIT_SHARE, HYSTERESIS, PARTIAL_SLOWDOWN, SHED_SHARE, LoadMeter
 from engine.mm_window import get_mm_features_in_window
 from engine.policy import LocalAgreement
 from engine.request import (
@@ -516,45 +508,38 @@ def test_partials_after_a_final_are_previews_until_they_could_commit():
 def test_the_load_is_the_share_of_recent_time_on_live_finals_and_sets_the_shedding():
     meter = LoadMeter(window_s=10.0)
     meter.record(0.0, 4.0, required=False)  # partials: optional work is no load
-    assert meter.share(10.0) == 0.0 and meter.update(10.0) == Shedding.NONE
-    meter.record(10.0, 10.0 + 10 * FEWER_PARTIALS_SHARE, required=True)
-    assert meter.share(20.0) == FEWER_PARTIALS_SHARE
-    assert meter.update(20.0) == Shedding.FEWER_PARTIALS
-    meter.record(20.0, 20.0 + 10 * NO_PREVIEWS_SHARE, required=True)
-    assert meter.update(30.0) == Shedding.NO_PREVIEWS
-    # a level is held until the share is HYSTERESIS under its threshold
-    meter.record(30.0, 30.0 + 10 * (NO_PREVIEWS_SHARE - HYSTERESIS / 2), required=True)
-    assert meter.update(40.0) == Shedding.NO_PREVIEWS
-    meter.record(40.0, 40.0 + 10 * (FEWER_PARTIALS_SHARE - HYSTERESIS / 2), required=True)
-    assert meter.update(50.0) == Shedding.FEWER_PARTIALS
-    assert meter.update(70.0) == Shedding.NONE and meter.share(70.0) == 0.0  # steps age out
+    assert meter.share(10.0) == 0.0 and not meter.update(10.0)
+    meter.record(10.0, 10.0 + 10 * SHED_SHARE, required=True)
+    assert meter.share(20.0) == SHED_SHARE and meter.update(20.0)
+    # held until the share is HYSTERESIS under its threshold
+    meter.record(20.0, 20.0 + 10 * (SHED_SHARE - HYSTERESIS / 2), required=True)
+    assert meter.update(30.0)
+    meter.record(30.0, 30.0 + 10 * (SHED_SHARE - HYSTERESIS * 1.5), required=True)
+    assert not meter.update(40.0)
+    assert meter.share(60.0) == 0.0  # steps age out
     # admission: the share grown by one more session's part stays under ADMIT_SHARE
-    meter.record(70.0, 76.2, required=True)
-    assert ADMIT_SHARE == 0.8
-    assert meter.admits(80.0, num_sessions=4)  # 0.62 * 5/4 = 0.775
-    assert not meter.admits(80.0, num_sessions=3)  # 0.62 * 4/3 = 0.83
+    busy = 10 * ADMIT_SHARE * 0.8
+    meter.record(60.0, 60.0 + busy, required=True)  # 0.8 of ADMIT_SHARE
+    assert meter.admits(70.0, num_sessions=5)  # x 6/5 = 0.96 of it
+    assert not meter.admits(70.0, num_sessions=3)  # x 4/3 = 1.07 of it
 
 
-def test_under_load_partials_come_less_often_then_previews_stop_but_finals_do_not():
-    config = SchedulerConfig(decode_interval=4, preview_positions=40)
+def test_under_load_partials_come_less_often_but_finals_do_not():
+    config = SchedulerConfig(decode_interval=4)
     scheduler = Scheduling(config)
-    previewing, long_speech, pausing = make_request("a", 2), make_request("b", 12), make_request("c", 3)
-    for request in (previewing, long_speech, pausing):
+    short, long, pausing = make_request("a", 2), make_request("b", 12), make_request("c", 1)
+    for request in (short, long, pausing):
         scheduler.add_request(request)
-    pausing.endpoints.append(12)
+    pausing.endpoints.append(4)
 
     def ready() -> set[str]:
         return {rid for rid, r in scheduler.requests.items() if scheduler.scheduler.is_ready(r)}
 
     assert ready() == {"a", "b", "c"}
-    scheduler.scheduler.shedding = Shedding.FEWER_PARTIALS
+    scheduler.scheduler.shedding = True
     assert ready() == {"b", "c"}  # a partial waits 3 intervals now: a has 8 positions, b 48
-    add_items(previewing, 1)  # 12 positions: 3 intervals
+    add_items(short, 1)  # 12 positions: 3 intervals
     assert ready() == {"a", "b", "c"} and config.decode_interval * PARTIAL_SLOWDOWN == 12
-    scheduler.scheduler.shedding = Shedding.NO_PREVIEWS
-    assert ready() == {"b", "c"}  # a's partial would be a preview; b's can commit by agreement
-    windows = scheduler.schedule().windows
-    assert [(w.request_id, w.final, w.preview) for w in windows] == [("c", True, False)]
 
 
 def test_a_final_window_without_speech_is_not_marked_for_decoding():

@@ -145,8 +145,9 @@ async def test_overload_warns_pushes_back_and_refuses_new_sessions(tmp_path):
         rejected = server.metrics.value("voxtide_sessions_rejected_total", reason="overloaded")
     warnings = [m for m in messages if m["type"] == "Warning"]
     assert warnings and all(m["code"] == "rate_limited" and m["backlog_ms"] > 1000 for m in warnings)
-    # reading paused at 3 s of backlog: never more than that plus the message in hand
-    assert max(backlogs) <= 3.0 + 0.1 + 0.05
+    # reading paused at 3 s of backlog: never more than that plus the message in hand and the
+    # part of an 80 ms item the framer holds (decodes end at item edges)
+    assert max(backlogs) <= 3.0 + 0.1 + 0.08 + 0.01
     assert refusals and all(code == 1013 and "overloaded" in reason for code, reason in refusals)
     assert rejected == len(refusals)
     # nothing accepted was dropped: every second is accounted for and transcribed
