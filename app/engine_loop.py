@@ -171,7 +171,7 @@ class EngineLoop:
 
     def _record(self, started: float, step: StepInput, output: RunnerOutput) -> None:
         now = time.perf_counter()
-        self.load.record(started, now, any(w.live_final for w in step.scheduled.windows))
+        self.load.record(started, now, (w.request_id for w in step.scheduled.windows if w.live_final))
         self.metrics.load.set(self.load.share(now))
         self.metrics.shedding.set(self.load.shedding)
         self.metrics.step_time.observe(now - started)

@@ -341,10 +341,11 @@ class Server:
         return session if session is not None and not session.finishing else None
 
     def overloaded(self) -> bool:
-        """A new session would make the others wait: the model's time on live finals would
-        grow over what keeps their latency (engine/load.py), or most open sessions are
-        already more than max_lag_s behind."""
-        if not self.loop.load.admits(time.perf_counter(), len(self.sessions)):
+        """A new session would make the others wait (engine/load.py: they lag at their
+        commits already, or the model's time on live finals would grow over what keeps their
+        latency), or most open sessions are more than max_lag_s behind."""
+        opened = {s.id: s.opened_at for s in self.sessions.values()}
+        if not self.loop.load.admits(time.perf_counter(), opened):
             return True
         behind = sum(self.loop.backlog_s(s.id) > self.config.max_lag_s for s in self.sessions.values())
         return behind > 0 and 2 * behind >= len(self.sessions)

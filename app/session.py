@@ -49,6 +49,7 @@ from engine.words import Word
 
 log = logging.getLogger(__name__)
 
+AHEAD_SLACK_S = 2.0  # audio a real-time client may send ahead of the wall clock (its buffering)
 WARN_INTERVAL_S = 5.0  # at most one rate_limited warning per session this often
 PAUSE_CHUNKS = 6  # 32 ms VAD chunks in a row under PAUSE_PROBABILITY: a pause to stop input at
 PAUSE_PROBABILITY = 0.35
@@ -134,6 +135,7 @@ class Session:
         self.connected = True
         self.closing = False  # the reader stops after the current message
         self.close_code, self.close_reason = CLOSE_NORMAL, ""
+        self.opened_at = time.perf_counter()  # (the engine loop's clock: its load meter's)
         self.first_audio_at: float | None = None
         self.warned_at = -WARN_INTERVAL_S  # last rate_limited warning (monotonic s)
         self.told_shedding = False  # whether the client was told of the engine's shedding
@@ -446,13 +448,23 @@ class Session:
         except Disconnected:
             self.connected = False
 
+    def live_pace(self, now: float) -> bool:
+        """Whether the client sends audio no faster than real time (a microphone; not a file
+        pushed ahead), give or take AHEAD_SLACK_S of its buffering."""
+        if self.first_audio_at is None:
+            return True
+        return self.fed_ms / 1000 <= now - self.first_audio_at + AHEAD_SLACK_S
+
     def _observe(self, output: EngineOutput) -> None:
         """Time to first text, partial -> final latency of each committed word, and the lag
         at each final."""
         metrics, now = self.ctx.metrics, time.monotonic()
         if output.committed:
             committed_ms = output.committed[-1].end_ms
-            metrics.session_lag.observe(max(0, self.fed_ms - committed_ms) / 1000)
+            lag_s = max(0, self.fed_ms - committed_ms) / 1000
+            metrics.session_lag.observe(lag_s)
+            if self.live_pace(now):  # a file pushed ahead of real time lags by its own choice
+                self.ctx.loop.load.note_lag(time.perf_counter(), lag_s)
         if not self.sent_text and (output.committed or output.tentative) and self.first_audio_at:
             metrics.first_partial.observe(now - self.first_audio_at)
             self.sent_text = True

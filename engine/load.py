@@ -4,21 +4,34 @@ Required work is a step with a live final in it: a client waits for that text. P
 previews and background files are optional: nobody loses a word without them. When the
 required share grows (more sessions, or a busy neighbour taking CPU), partials come less
 often. They are not dropped: a final decode verifies its window's last partial as its draft
-instead of generating every token, so finals without partials cost more. Over
-`ADMIT_SHARE` no new session is taken: its finals would add to everyone's wait.
+instead of generating every token, so finals without partials cost more.
+
+A new session is admitted while the sessions' lag at their commits (audio received minus
+audio committed, which the sessions note here) stays under `ADMIT_LAG_S` (p90 of the last
+`WINDOW_S`), and while the share, with its part and that of the sessions taken in the last
+`WINDOW_S` whose finals have not come yet, stays under `ADMIT_SHARE`: a session's part is
+the share over the sessions whose finals it counts. (Sessions that were open the whole window
+without a final are idle microphones, and cost nothing.) The lag says when the sessions
+already wait for each other; the share, when one more would make them.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 WINDOW_S = 20.0  # the share is over this much recent wall time (a few sentences of everyone)
 SHED_SHARE = 0.5  # over this, partials come PARTIAL_SLOWDOWN times less often
+MIN_SPAN_S = 5.0  # a share is over at least this much time (a server just started is idle)
 HYSTERESIS = 0.1  # and again as often once the share is this far under SHED_SHARE
 PARTIAL_SLOWDOWN = 3
 # a new session is refused when the share with it would reach this: with everyone's pauses
 # at once (the worst case), final latency p95 reaches 1.5 s at a share of about 0.6
 ADMIT_SHARE = 0.7
+# ... or while the p90 of the sessions' lags at their commits is over this (at ease: under 1.1 s;
+# the pause that ends an utterance, 0.25 s, is part of it)
+ADMIT_LAG_S = 1.5
+MIN_LAGS = 3  # lags needed for a p90
 
 
 class LoadMeter:
@@ -26,13 +39,20 @@ class LoadMeter:
 
     def __init__(self, window_s: float = WINDOW_S):
         self.window_s = window_s
-        self.busy: deque[tuple[float, float]] = deque()  # (start, end) of required steps
+        # (start, end, ids of the live finals) of the required steps
+        self.busy: deque[tuple[float, float, frozenset[str]]] = deque()
         self.shedding = False
+        self.since: float | None = None  # the first step's start: a share needs time behind it
+        self.lags: deque[tuple[float, float]] = deque()  # (when, seconds) of sessions' lags at commits
 
-    def record(self, start: float, end: float, required: bool) -> None:
-        """A step ran from `start` to `end` (monotonic seconds)."""
-        if required:
-            self.busy.append((start, end))
+    def record(self, start: float, end: float, final_ids: Iterable[str]) -> None:
+        """A step ran from `start` to `end` (monotonic seconds) with these sessions' live
+        finals (none: optional work)."""
+        final_ids = frozenset(final_ids)
+        if self.since is None:
+            self.since = start
+        if final_ids:
+            self.busy.append((start, end, final_ids))
 
     def update(self, now: float) -> bool:
         """Whether partials are shed now (asked before each schedule)."""
@@ -42,14 +62,35 @@ class LoadMeter:
         self.shedding = share >= SHED_SHARE or (self.shedding and share >= SHED_SHARE - HYSTERESIS)
         return self.shedding
 
-    def share(self, now: float) -> float:
-        """Share of the last `window_s` seconds before `now` spent on required steps."""
-        since = now - self.window_s
-        busy = sum(max(0.0, min(end, now) - max(start, since)) for start, end in self.busy)
-        return busy / self.window_s
+    def note_lag(self, now: float, lag_s: float) -> None:
+        """A session committed words `lag_s` seconds of audio behind what it received."""
+        self.lags.append((now, lag_s))
+        while self.lags[0][0] <= now - self.window_s:
+            self.lags.popleft()
 
-    def admits(self, now: float, num_sessions: int) -> bool:
-        """Whether one more session fits: the share, grown by one session's part of it,
-        stays under ADMIT_SHARE."""
+    def lag(self, now: float) -> float:
+        """The p90 of the lags noted in the last `window_s` (0 with fewer than MIN_LAGS)."""
+        lags = sorted(lag for when, lag in self.lags if when > now - self.window_s)
+        return lags[int(0.9 * (len(lags) - 1))] if len(lags) >= MIN_LAGS else 0.0
+
+    def share(self, now: float) -> float:
+        """Share of the last `window_s` seconds before `now` (of the time since the first
+        step, when shorter, but at least MIN_SPAN_S) spent on required steps."""
+        if self.since is None:
+            return 0.0
+        since = now - self.window_s
+        busy = sum(max(0.0, min(end, now) - max(start, since)) for start, end, _ in self.busy)
+        return busy / max(min(self.window_s, now - self.since), MIN_SPAN_S)
+
+    def admits(self, now: float, sessions: dict[str, float]) -> bool:
+        """Whether one more session fits. `sessions`: the open sessions' ids -> when each
+        was opened (monotonic seconds)."""
+        if self.lag(now) > ADMIT_LAG_S:
+            return False
         share = self.share(now)
-        return share * (num_sessions + 1) / max(num_sessions, 1) < ADMIT_SHARE
+        if share == 0.0:
+            return True
+        counted = {i for start, end, ids in self.busy if end > now - self.window_s for i in ids}
+        to_come = sum(i not in counted and opened > now - self.window_s for i, opened in sessions.items())
+        part = share / max(len(counted), 1)
+        return share + (to_come + 1) * part < ADMIT_SHARE

@@ -4,8 +4,10 @@ import random
 from collections import deque
 from functools import partial
 
+import pytest
+
 from engine.encoder_cache import EncoderCacheManager
-from engine.load import ADMIT_SHARE, HYSTERESIS, PARTIAL_SLOWDOWN, SHED_SHARE, LoadMeter
+from engine.load import ADMIT_LAG_S, ADMIT_SHARE, HYSTERESIS, PARTIAL_SLOWDOWN, SHED_SHARE, LoadMeter
 from engine.mm_window import get_mm_features_in_window
 from engine.policy import LocalAgreement
 from engine.request import (
@@ -507,21 +509,44 @@ def test_partials_after_a_final_are_previews_until_they_could_commit():
 
 def test_the_load_is_the_share_of_recent_time_on_live_finals_and_sets_the_shedding():
     meter = LoadMeter(window_s=10.0)
-    meter.record(0.0, 4.0, required=False)  # partials: optional work is no load
+    meter.record(0.0, 4.0, ())  # partials: optional work is no load
     assert meter.share(10.0) == 0.0 and not meter.update(10.0)
-    meter.record(10.0, 10.0 + 10 * SHED_SHARE, required=True)
+    meter.record(10.0, 10.0 + 10 * SHED_SHARE, {"a"})
     assert meter.share(20.0) == SHED_SHARE and meter.update(20.0)
     # held until the share is HYSTERESIS under its threshold
-    meter.record(20.0, 20.0 + 10 * (SHED_SHARE - HYSTERESIS / 2), required=True)
+    meter.record(20.0, 20.0 + 10 * (SHED_SHARE - HYSTERESIS / 2), {"a"})
     assert meter.update(30.0)
-    meter.record(30.0, 30.0 + 10 * (SHED_SHARE - HYSTERESIS * 1.5), required=True)
+    meter.record(30.0, 30.0 + 10 * (SHED_SHARE - HYSTERESIS * 1.5), {"a"})
     assert not meter.update(40.0)
-    assert meter.share(60.0) == 0.0  # steps age out
-    # admission: the share grown by one more session's part stays under ADMIT_SHARE
-    busy = 10 * ADMIT_SHARE * 0.8
-    meter.record(60.0, 60.0 + busy, required=True)  # 0.8 of ADMIT_SHARE
-    assert meter.admits(70.0, num_sessions=5)  # x 6/5 = 0.96 of it
-    assert not meter.admits(70.0, num_sessions=3)  # x 4/3 = 1.07 of it
+    assert meter.share(60.0) == 0.0 and meter.admits(60.0, {})  # steps age out
+
+
+def test_a_session_is_admitted_while_the_load_with_it_and_those_to_come_fits():
+    meter = LoadMeter(window_s=10.0)
+    part = ADMIT_SHARE / 5.5  # four sessions' finals took 4 parts of the last 10 s
+    meter.record(60.0, 60.0 + 10 * 2 * part, {"a", "b"})
+    meter.record(65.0, 65.0 + 10 * 2 * part, {"c", "d"})
+    assert meter.share(70.0) == pytest.approx(4 * part)
+    speaking = {rid: 0.0 for rid in "abcd"}
+    assert meter.admits(70.0, speaking)  # 4 + 1 parts
+    idle = {"idle": 50.0}  # open the whole window without a final: an idle microphone
+    assert meter.admits(70.0, speaking | idle)
+    new = {"new": 62.0}  # opened in the window, its first final still to come: one part
+    assert not meter.admits(70.0, speaking | new)  # 4 + 1 + 1 parts are over ADMIT_SHARE
+    assert meter.admits(75.0, speaking | new)  # a's and b's finals aged out: 2 + 1 parts
+
+
+def test_no_session_is_admitted_while_the_sessions_lag_at_their_commits():
+    meter = LoadMeter(window_s=10.0)
+    for _ in range(18):
+        meter.note_lag(5.0, 0.8)  # at ease: a pause and a step behind
+    assert meter.lag(5.0) == 0.8 and meter.admits(5.0, {})
+    meter.note_lag(5.0, ADMIT_LAG_S + 1.0)
+    meter.note_lag(5.0, ADMIT_LAG_S + 1.0)
+    assert meter.admits(5.0, {})  # two in twenty: the p90 is still at ease
+    meter.note_lag(6.0, ADMIT_LAG_S + 1.0)
+    assert meter.lag(6.0) > ADMIT_LAG_S and not meter.admits(6.0, {})
+    assert meter.lag(16.0) == 0.0 and meter.admits(16.0, {})  # aged out
 
 
 def test_under_load_partials_come_less_often_but_finals_do_not():

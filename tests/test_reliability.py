@@ -165,7 +165,7 @@ async def test_under_load_the_client_is_told_and_new_sessions_are_refused(tmp_pa
             reader = asyncio.create_task(collect(ws, messages))
             # the model spent the last WINDOW_S on live finals (a busy neighbour, say)
             now = time.perf_counter()
-            server.loop.load.record(now - WINDOW_S, now, required=True)
+            server.loop.load.record(now - WINDOW_S, now, {"an earlier session"})
             async with connect(url(server, "/v1/listen")) as other:
                 with pytest.raises(ConnectionClosed):
                     await other.recv()
