@@ -463,7 +463,9 @@ class Session:
             committed_ms = output.committed[-1].end_ms
             lag_s = max(0, self.fed_ms - committed_ms) / 1000
             metrics.session_lag.observe(lag_s)
-            if self.live_pace(now):  # a file pushed ahead of real time lags by its own choice
+            # at a final (it commits the whole window: no tentative tail), of a real-time client
+            # (a file pushed ahead lags by its own choice; agreement commits leave a tail)
+            if not output.tentative and self.live_pace(now):
                 self.ctx.loop.load.note_lag(time.perf_counter(), lag_s)
         if not self.sent_text and (output.committed or output.tentative) and self.first_audio_at:
             metrics.first_partial.observe(now - self.first_audio_at)

@@ -6,7 +6,7 @@ required share grows (more sessions, or a busy neighbour taking CPU), partials c
 often. They are not dropped: a final decode verifies its window's last partial as its draft
 instead of generating every token, so finals without partials cost more.
 
-A new session is admitted while the sessions' lag at their commits (audio received minus
+A new session is admitted while the sessions' lag at their finals (audio received minus
 audio committed, which the sessions note here) stays under `ADMIT_LAG_S` (p90 of the last
 `WINDOW_S`), and while the share, with its part and that of the sessions taken in the last
 `WINDOW_S` whose finals have not come yet, stays under `ADMIT_SHARE`: a session's part is
@@ -21,15 +21,15 @@ from collections import deque
 from collections.abc import Iterable
 
 WINDOW_S = 20.0  # the share is over this much recent wall time (a few sentences of everyone)
+MIN_SPAN_S = 5.0  # ... or the time since the first step, but at least this
 SHED_SHARE = 0.5  # over this, partials come PARTIAL_SLOWDOWN times less often
-MIN_SPAN_S = 5.0  # a share is over at least this much time (a server just started is idle)
 HYSTERESIS = 0.1  # and again as often once the share is this far under SHED_SHARE
 PARTIAL_SLOWDOWN = 3
-# a new session is refused when the share with it would reach this: with everyone's pauses
-# at once (the worst case), final latency p95 reaches 1.5 s at a share of about 0.6
+# a new session is refused when the share with it would reach this (with everyone's pauses at
+# once, the worst case, the p95 final latency nears 1.5 s a little under it: docs/performance.md)
 ADMIT_SHARE = 0.7
-# ... or while the p90 of the sessions' lags at their commits is over this (at ease: under 1.1 s;
-# the pause that ends an utterance, 0.25 s, is part of it)
+# ... or while the p90 of the sessions' lags at their finals is over this (the pause that ends
+# an utterance and the final's step are part of every lag)
 ADMIT_LAG_S = 1.5
 MIN_LAGS = 3  # lags needed for a p90
 
@@ -63,7 +63,7 @@ class LoadMeter:
         return self.shedding
 
     def note_lag(self, now: float, lag_s: float) -> None:
-        """A session committed words `lag_s` seconds of audio behind what it received."""
+        """A session's final committed words `lag_s` seconds of audio behind what it received."""
         self.lags.append((now, lag_s))
         while self.lags[0][0] <= now - self.window_s:
             self.lags.popleft()

@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -109,6 +110,23 @@ def load_clips(folder: Path, quick: bool, seed: int, rebuild: bool, conditions: 
 # The systems
 
 
+async def admitted(url: str, retry_s: float = 1.0, give_up_s: float = 600.0) -> ClientConnection:
+    """A session the server took (its Connected event read), trying again while it answers
+    1013 (overloaded: its sessions lag; a client is to try again later)."""
+    deadline = time.monotonic() + give_up_s
+    while True:
+        ws = await connect(url, max_size=None, ping_timeout=None)
+        try:
+            first = json.loads(await ws.recv())
+        except ConnectionClosed as e:
+            if e.rcvd is None or e.rcvd.code != 1013 or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(retry_s)
+            continue
+        assert first["type"] == "Connected", first
+        return ws
+
+
 async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int = 100) -> None:
     """One /v1/listen session at the file's rate; finals' words, latencies, first partial."""
     data, rate = sf.read(str(result.clip.path), dtype="float32", always_2d=True)
@@ -120,7 +138,7 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
     ends_ms = sorted(round(s["end"] * 1000) for s in result.clip.manifest["sentences"])
     words: Words = []
     query = f"?sample_rate={rate}&encoding=linear16"
-    async with connect(with_client_query(base_url + query), max_size=None, ping_timeout=None) as ws:
+    async with await admitted(with_client_query(base_url + query)) as ws:
         start = time.monotonic()
 
         async def read() -> None:
