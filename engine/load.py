@@ -43,7 +43,7 @@ class LoadMeter:
         self.busy: deque[tuple[float, float, frozenset[str]]] = deque()
         self.shedding = False
         self.since: float | None = None  # the first step's start: a share needs time behind it
-        self.lags: deque[tuple[float, float]] = deque()  # (when, seconds) of sessions' lags at commits
+        self.lags: deque[tuple[float, float]] = deque()  # (when, seconds) of sessions' lags at finals
 
     def record(self, start: float, end: float, final_ids: Iterable[str]) -> None:
         """A step ran from `start` to `end` (monotonic seconds) with these sessions' live

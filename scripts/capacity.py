@@ -100,7 +100,7 @@ async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, up
                 loads.append((server.loop.load.share(time.perf_counter()), server.loop.load.shedding))
                 await asyncio.sleep(0.5)
 
-        loads: list[tuple[float, int]] = []
+        loads: list[tuple[float, bool]] = []  # (load, shedding)
         watcher = asyncio.create_task(watch_load())
         file = asyncio.create_task(upload(server.port, upload_s)) if upload_s else None
         served = await asyncio.gather(*(one(i) for i in range(n)))
