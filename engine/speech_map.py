@@ -16,6 +16,7 @@ MIN_WORD_MS = 100  # a word whose edge moves keeps at least this long
 # silence before the speech (streaming's Stream.skip_silence, offline transcribe)
 LONG_SILENCE_MS = 3000
 LEAD_IN_MS = 1000
+ONSET_LEAD_MS = 1000  # a first word in a run of speech starts at most this much later than the run
 WORD_SLACK_MS = 300  # `unheard`: speech this near a word may be that word's ...
 LONG_WORD_EDGE_MS = 500  # ... and a word longer than twice this covers this much at each edge
 
@@ -24,8 +25,9 @@ class SpeechMap:
     """Where the VAD heard speech on the session timeline, as runs of its chunks in ms.
 
     Cross-attention alignment lets a word take in the silence beside it (the first word of
-    a window starts at the window's start); `fit` moves a word edge that lies in silence to
-    the edge of the speech next to it, when that is within the word or SNAP_MS past it."""
+    a window starts at the window's start) and starts the first word after a pause late;
+    `fit` moves a word edge that lies in silence to the edge of the speech next to it, when
+    that is within the word or SNAP_MS past it, and a late first word back to its speech."""
 
     PAD_MS = 30  # kept around speech: the VAD's chunks are coarse and it hears onsets late
 
@@ -107,14 +109,20 @@ class SpeechMap:
                 return spans[k - 1][1] if k else start_ms, spans[k][0] if k < len(spans) else end_ms
         return None
 
-    def fit(self, words: list[Word], drop: bool = True) -> list[Word]:
+    def fit(self, words: list[Word], drop: bool = True, floor_ms: int = 0) -> list[Word]:
         """Words with their edges moved into speech: a start in silence to the next run's
         start, an end in silence to the last run's end. A word with no speech within
-        SNAP_MS of it is dropped (`drop`): Whisper made it of silence or noise (" you")."""
+        SNAP_MS of it is dropped (`drop`): Whisper made it of silence or noise (" you").
+
+        The alignment also starts a word late when speech begins after a pause (the
+        attention follows the audio with a lag): the first word in a run of speech, when no
+        earlier word (nor `floor_ms`, where the words' window starts) lies in that run and
+        the run began at most ONSET_LEAD_MS before it, starts where the run does."""
         heard = samples_to_ms(self.num_chunks * CHUNK_SAMPLES)
         pad = self.PAD_MS
-        kept = []
+        kept: list[Word] = []
         for word in words:
+            before = max(floor_ms, kept[-1].end_ms if kept else floor_ms)
             if word.end_ms > heard:  # past what the VAD has analysed
                 kept.append(word)
                 continue
@@ -123,8 +131,11 @@ class SpeechMap:
                 continue
             kept.append(word)
             i = bisect.bisect_right(self.ends, word.start_ms + pad)  # the first run ending after it
-            if i < len(self.starts) and word.start_ms < self.starts[i] - pad < word.end_ms + SNAP_MS:
-                word.start_ms = min(self.starts[i] - pad, word.end_ms - MIN_WORD_MS)
+            onset = self.starts[i] - pad if i < len(self.starts) else None
+            if onset is not None and word.start_ms < onset < word.end_ms + SNAP_MS:
+                word.start_ms = min(onset, word.end_ms - MIN_WORD_MS)
+            elif onset is not None and before <= onset < word.start_ms <= onset + ONSET_LEAD_MS:
+                word.start_ms = onset
             j = bisect.bisect_left(self.starts, word.end_ms - pad) - 1  # the last run starting before
             if j >= 0 and word.start_ms - SNAP_MS < self.ends[j] + pad < word.end_ms:
                 word.end_ms = max(self.ends[j] + pad, word.start_ms + MIN_WORD_MS)

@@ -318,7 +318,7 @@ class Stream:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         plan = commit.plan(facts, ms_to_positions(self.config.decode_interval_ms),
                            self.config.agree_after)
-        update = self._commit(plan, self.speech.fit(result.words))
+        update = self._commit(plan, self.speech.fit(result.words, floor_ms=positions_to_ms(facts.start)))
         end_ms = policy.committed_end_ms
         final = plan.action is commit.Action.FINAL
         # a final that committed nothing new: the speech past the committed words went unheard

@@ -90,18 +90,37 @@ def test_speech_map_moves_word_edges_into_speech_and_drops_words_of_silence():
     speech = speech_map([(1024, 2048), (8000, 9024)], 12000)
     early = Word(" early", 200, 1500)  # starts in the silence before the speech
     late = Word(" late", 1700, 3500)  # ends in the silence after it
-    inside = Word(" inside", 8100, 8900)
+    inside = Word(" inside", 8100, 8900)  # starts late in its speech (moved back)
     ghost = Word(" you.", 5000, 5400)  # nowhere near speech
     unheard = Word(" unheard", 11990, 12500)  # past what the VAD has analysed
     words = speech.fit([early, late, ghost, inside, unheard])
     assert [w.text for w in words] == [" early", " late", " inside", " unheard"]
     assert early.start_ms == 1024 - SpeechMap.PAD_MS and early.end_ms == 1500
     assert late.start_ms == 1700 and late.end_ms == 2048 + SpeechMap.PAD_MS
-    assert (inside.start_ms, inside.end_ms) == (8100, 8900)
+    assert (inside.start_ms, inside.end_ms) == (8000 - SpeechMap.PAD_MS, 8900)
     near = Word(" near", 7000, 8000 - SpeechMap.PAD_MS - SNAP_MS // 2)  # ends just before speech
     assert speech.fit([near]) == [near] and near.start_ms > 7000
     speech.forget_before(5000)
     assert speech.starts == [8000]
+
+
+def test_speech_map_starts_a_late_first_word_where_its_speech_starts():
+    """The alignment starts the first word after a pause late; it moves back to the onset of
+    its run of speech, unless a word before it (or the window's start) lies in that run, or
+    the run began more than ONSET_LEAD_MS before it."""
+    speech = speech_map([(1024, 3008), (5024, 7008), (9024, 12000)], 12800)
+    pad = SpeechMap.PAD_MS
+    late = Word(" late", 1500, 1900)  # 476 ms into its speech, nothing before it
+    second = Word(" second", 2000, 2500)  # the word before it lies in the same speech
+    after_window = Word(" cut", 5300, 5600)  # the window starts after that speech began
+    long_after = Word(" far", 6100, 6500)  # over a second into its speech
+    again = Word(" again", 9300, 9700)
+    assert speech.fit([late, second, again]) == [late, second, again]
+    assert late.start_ms == 1024 - pad and second.start_ms == 2000
+    assert again.start_ms == 9024 - pad
+    speech.fit([after_window], floor_ms=5100)
+    speech.fit([long_after])
+    assert after_window.start_ms == 5300 and long_after.start_ms == 6100
 
 
 def test_offline_word_times_follow_the_speech():

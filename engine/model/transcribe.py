@@ -102,6 +102,7 @@ def _add_words(bundle: ModelBundle, segments: list[Segment],
                    [window_frames // INPUT_STRIDE])[0]
     words = aligned_words(bundle.tokenizer, text,
                           [offset + positions_to_seconds(p) for p in starts.tolist()])
+    words = speech.fit(words, drop=False, floor_ms=seconds_to_ms(offset))
     ends = list(itertools.accumulate(len(segment.tokens) for segment in segments))
     first, k = 0, 0  # the word's first token; its segment
     for word in words:
@@ -109,8 +110,6 @@ def _add_words(bundle: ModelBundle, segments: list[Segment],
             k += 1
         segments[k].words.append(word)
         first += len(word.tokens)
-    for segment in segments:
-        segment.words = speech.fit(segment.words, drop=False)
 
 
 def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: int, history: list[int],
