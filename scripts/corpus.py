@@ -620,8 +620,9 @@ class TimedWord:
 class Score:
     errors: int  # word edit distance
     words: int  # reference words
-    drop_s: float  # the longest dropped passage: speech seconds of its words
+    drop_s: float  # the longest dropped passage (words deleted): speech seconds of its words
     drop_words: int
+    unmatched_s: float  # the longest run of words not found (deleted or misheard), seconds
     gap_words: int  # hypothesis words inside gaps of MIN_GAP_S or more ...
     gap_inserted: int  # ... of which matched no reference word (the others are mistimed)
     onset_errors: list[float]  # seconds, one per sentence whose first word was found
@@ -648,6 +649,13 @@ def hypothesis_words(words: list[tuple[float, float, str]]) -> list[TimedWord]:
 def align(ref: list[str], hyp: list[str]) -> tuple[int, list[int | None]]:
     """Levenshtein alignment -> (edit distance, for each reference word the index of the
     hypothesis word it equals, or None where it was deleted or substituted)."""
+    distance, matches, _ = alignment(ref, hyp)
+    return distance, matches
+
+
+def alignment(ref: list[str], hyp: list[str]) -> tuple[int, list[int | None], list[bool]]:
+    """`align`, and for each reference word whether it was deleted: no hypothesis word stands
+    for it (a substituted word was heard as another)."""
     n, m = len(ref), len(hyp)
     vocab = {w: i for i, w in enumerate(set(ref) | set(hyp))}
     h = np.array([vocab[w] for w in hyp], np.int64)
@@ -660,25 +668,27 @@ def align(ref: list[str], hyp: list[str]) -> tuple[int, list[int | None]]:
         row[1:] = np.minimum(d[i - 1, 1:] + 1, d[i - 1, :-1] + (h != vocab[ref[i - 1]]))
         d[i] = np.minimum.accumulate(row - cols) + cols  # insertions: row[j] <= row[j - 1] + 1
     matches: list[int | None] = [None] * n
+    deleted = [True] * n  # those left at the start when the hypothesis runs out
     i, j = n, m
     while i > 0 and j > 0:
         same = ref[i - 1] == hyp[j - 1]
         if d[i, j] == d[i - 1, j - 1] + (not same):
             matches[i - 1] = j - 1 if same else None
+            deleted[i - 1] = False
             i, j = i - 1, j - 1
         elif d[i, j] == d[i - 1, j] + 1:
             i -= 1
         else:
             j -= 1
-    return int(d[n, m]), matches
+    return int(d[n, m]), matches, deleted
 
 
-def longest_drop(ref: list[TimedWord], matches: list[int | None]) -> tuple[float, int]:
-    """The longest run of consecutive reference words with no match -> (the speech seconds of
-    its words, pauses between sentences left out; its words). Runs are ranked by seconds."""
+def longest_drop(ref: list[TimedWord], missing: list[bool]) -> tuple[float, int]:
+    """The longest run of consecutive missing reference words -> (the speech seconds of its
+    words, pauses between sentences left out; its words). Runs are ranked by seconds."""
     best, seconds, count = (0.0, 0), 0.0, 0
-    for word, match in zip(ref, matches, strict=True):
-        if match is None:
+    for word, gone in zip(ref, missing, strict=True):
+        if gone:
             seconds, count = seconds + word.end - word.start, count + 1
             best = max(best, (seconds, count))
         else:
@@ -708,11 +718,12 @@ def onset_errors(ref: list[TimedWord], matches: list[int | None], hyp: list[Time
 def score(manifest: dict, words: list[tuple[float, float, str]]) -> Score:
     """A transcript's timed words (start s, end s, text) against the clip's manifest."""
     ref, hyp = reference_words(manifest["sentences"]), hypothesis_words(words)
-    errors, matches = align([w.word for w in ref], [w.word for w in hyp])
-    drop_s, drop_words = longest_drop(ref, matches)
+    errors, matches, deleted = alignment([w.word for w in ref], [w.word for w in hyp])
+    drop_s, drop_words = longest_drop(ref, deleted)
+    unmatched_s, _ = longest_drop(ref, [m is None for m in matches])
     in_gaps = words_in_gaps(hyp, manifest["gaps"])
     inserted = [i for i in in_gaps if i not in set(matches)]
-    return Score(errors, len(ref), drop_s, drop_words, len(in_gaps), len(inserted),
+    return Score(errors, len(ref), drop_s, drop_words, unmatched_s, len(in_gaps), len(inserted),
                  onset_errors(ref, matches, hyp))
 
 

@@ -13,10 +13,11 @@ recordings of the earlier evaluation set). Each clip goes through
 - `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, greedy, with its word
   timestamps (skipped when faster-whisper is not installed).
 Per condition and overall, for each system: WER (normalized text, pooled), the longest dropped
-passage (the longest run of reference words with no matching hypothesis word after alignment,
-in seconds of speech, timed from the known sentence onsets and ends), words placed inside gaps
-of 5 s or more (0.2 s cut off each gap edge), sentence-onset error p50/p95 (|hypothesis start of
-a sentence's matched first word - its known onset|); and for streaming the latencies.
+passage (the longest run of reference words that the alignment deletes, in seconds of speech,
+timed from the known sentence onsets and ends; in brackets the longest run not found, misheard
+words included), words placed inside gaps of 5 s or more (0.2 s cut off each gap edge),
+sentence-onset error p50/p95 (|hypothesis start of a sentence's matched first word - its known
+onset|); and for streaming the latencies.
 
     scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
         [--conditions level-30 ...] [--skip stream offline fw-int8] [--json out.json] [--doc]
@@ -247,12 +248,14 @@ def per_system(results: list[Result], systems: list[str], cell) -> str:
 def words_table(results: list[Result], systems: list[str]) -> str:
     joined = " / ".join(systems)
     header = ["condition", "clips", "audio min", "speech min", *(f"WER {s}" for s in systems),
-              f"longest drop s ({joined})", f"words in gaps, inserted ones in brackets ({joined})"]
+              f"longest drop s, in brackets of words not found ({joined})",
+              f"words in gaps, inserted ones in brackets ({joined})"]
     rows = []
     for name, group in groups(results):
         wers = [sum(r.scores[s].errors for r in group) / max(1, sum(r.scores[s].words for r in group))
                 for s in systems]
-        drop = per_system(group, systems, lambda sc: f"{max(x.drop_s for x in sc):.1f}")
+        drop = per_system(group, systems, lambda sc: f"{max(x.drop_s for x in sc):.1f} "
+                          f"({max(x.unmatched_s for x in sc):.1f})")
         gaps = per_system(group, systems, lambda sc: f"{sum(x.gap_words for x in sc)} "
                           f"({sum(x.gap_inserted for x in sc)})")
         rows.append([name, str(len(group)), f"{sum(r.clip.seconds for r in group) / 60:.1f}",

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from scripts import corpus
-from scripts.corpus import TimedWord, align, longest_drop, onset_errors, score, words_in_gaps
+from scripts.corpus import TimedWord, align, alignment, longest_drop, onset_errors, score, words_in_gaps
 from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "pink-snr20", "pink-snr10", "white-snr20",
@@ -164,13 +164,20 @@ def test_align_matches_equal_words_and_counts_edits():
 
 def test_longest_drop_is_the_longest_run_of_missing_words_in_speech_seconds():
     ref = timed("one two three four five six", 0.0) + timed("seven eight nine", 20.0, sentence=1)
+    words = [w.word for w in ref]
     hyp = "one three seven".split()  # 'two' (0.5 s); then 'four five six' + 'eight nine' (2.5 s)
-    _, matches = align([w.word for w in ref], hyp)
-    assert longest_drop(ref, matches) == (1.5, 3)  # four five six: 1.5 s; eight nine: 1.0 s
-    _, matches = align([w.word for w in ref], "one two three four five eight nine".split())
-    assert longest_drop(ref, matches) == (1.0, 2)  # six seven: the 17 s pause between not counted
-    _, matches = align([w.word for w in ref], [w.word for w in ref])
-    assert longest_drop(ref, matches) == (0.0, 0)
+    _, matches, deleted = alignment(words, hyp)
+    assert longest_drop(ref, deleted) == (1.5, 3)  # four five six: 1.5 s; eight nine: 1.0 s
+    _, _, deleted = alignment(words, "one two three four five eight nine".split())
+    assert longest_drop(ref, deleted) == (1.0, 2)  # six seven: the 17 s pause between not counted
+    _, _, deleted = alignment(words, words)
+    assert longest_drop(ref, deleted) == (0.0, 0)
+    # misheard words are not missing: a run of substitutions is no drop, but is not found
+    _, matches, deleted = alignment(words, "one two tree for fife sex seven eight nine".split())
+    assert longest_drop(ref, deleted) == (0.0, 0)
+    assert longest_drop(ref, [m is None for m in matches]) == (2.0, 4)
+    _, matches, deleted = alignment(words, "one two xx seven eight nine".split())
+    assert longest_drop(ref, deleted) == (1.5, 3)  # one of the four words heard as 'xx'
 
 
 def test_words_in_gaps_count_only_words_inside_long_gaps_less_the_edges():
@@ -198,9 +205,12 @@ def test_score_on_a_hand_made_manifest():
              (13.0, 13.4, "to"), (13.4, 13.8, "ten"), (13.8, 14.0, "shops")]
     result = score(manifest, words)
     assert (result.errors, result.words) == (4, 13)  # thank you for mister smith; went, today deleted
-    assert result.drop_words == 3 and result.gap_words == 2 and result.gap_inserted == 2
+    assert result.gap_words == 2 and result.gap_inserted == 2
     assert result.onset_errors == [0.1]  # the second sentence's first word is missing
-    assert result.drop_s == pytest.approx(1.0)  # 'mister smith went': 15 of 30 characters of 2 s
+    # 'mister smith went' not found (15 of 30 characters of 2 s), of which one word is
+    # missing (two are heard as 'thank you'): 'mister', the longest lone word missing
+    assert result.unmatched_s == pytest.approx(1.0)
+    assert (result.drop_s, result.drop_words) == (pytest.approx(2 * 6 / 30, abs=1e-3), 1)
     words[5] = (8.0, 8.5, "mat.")  # a found word placed in the gap: in it, but not inserted
     result = score(manifest, words)
     assert (result.errors, result.gap_words, result.gap_inserted) == (4, 3, 2)
