@@ -626,6 +626,8 @@ class Score:
     gap_words: int  # hypothesis words inside gaps of MIN_GAP_S or more ...
     gap_inserted: int  # ... of which matched no reference word (the others are mistimed)
     onset_errors: list[float]  # seconds, one per sentence whose first word was found
+    sentence_errors: list[int]  # the errors charged to each sentence's words (`alignment`)
+    sentence_words: list[int]  # each sentence's reference words
 
 
 def reference_words(sentences: list[dict]) -> list[TimedWord]:
@@ -649,13 +651,15 @@ def hypothesis_words(words: list[tuple[float, float, str]]) -> list[TimedWord]:
 def align(ref: list[str], hyp: list[str]) -> tuple[int, list[int | None]]:
     """Levenshtein alignment -> (edit distance, for each reference word the index of the
     hypothesis word it equals, or None where it was deleted or substituted)."""
-    distance, matches, _ = alignment(ref, hyp)
+    distance, matches, _, _ = alignment(ref, hyp)
     return distance, matches
 
 
-def alignment(ref: list[str], hyp: list[str]) -> tuple[int, list[int | None], list[bool]]:
-    """`align`, and for each reference word whether it was deleted: no hypothesis word stands
-    for it (a substituted word was heard as another)."""
+def alignment(ref: list[str], hyp: list[str]) -> tuple[int, list[int | None], list[bool], list[int]]:
+    """`align`; for each reference word whether it was deleted (no hypothesis word stands for
+    it: a substituted word was heard as another); and the errors charged to each reference
+    word: its substitution or deletion, and the words inserted after it (before the first
+    reference word: charged to it). With reference words, the charges sum to the edit distance."""
     n, m = len(ref), len(hyp)
     vocab = {w: i for i, w in enumerate(set(ref) | set(hyp))}
     h = np.array([vocab[w] for w in hyp], np.int64)
@@ -669,18 +673,26 @@ def alignment(ref: list[str], hyp: list[str]) -> tuple[int, list[int | None], li
         d[i] = np.minimum.accumulate(row - cols) + cols  # insertions: row[j] <= row[j - 1] + 1
     matches: list[int | None] = [None] * n
     deleted = [True] * n  # those left at the start when the hypothesis runs out
+    charged = [0] * n
     i, j = n, m
     while i > 0 and j > 0:
         same = ref[i - 1] == hyp[j - 1]
         if d[i, j] == d[i - 1, j - 1] + (not same):
             matches[i - 1] = j - 1 if same else None
             deleted[i - 1] = False
+            charged[i - 1] += not same
             i, j = i - 1, j - 1
         elif d[i, j] == d[i - 1, j] + 1:
+            charged[i - 1] += 1
             i -= 1
         else:
+            charged[i - 1] += 1
             j -= 1
-    return int(d[n, m]), matches, deleted
+    for k in range(i):
+        charged[k] += 1
+    if n:
+        charged[0] += j
+    return int(d[n, m]), matches, deleted, charged
 
 
 def longest_drop(ref: list[TimedWord], missing: list[bool]) -> tuple[float, int]:
@@ -718,13 +730,33 @@ def onset_errors(ref: list[TimedWord], matches: list[int | None], hyp: list[Time
 def score(manifest: dict, words: list[tuple[float, float, str]]) -> Score:
     """A transcript's timed words (start s, end s, text) against the clip's manifest."""
     ref, hyp = reference_words(manifest["sentences"]), hypothesis_words(words)
-    errors, matches, deleted = alignment([w.word for w in ref], [w.word for w in hyp])
+    errors, matches, deleted, charged = alignment([w.word for w in ref], [w.word for w in hyp])
     drop_s, drop_words = longest_drop(ref, deleted)
     unmatched_s, _ = longest_drop(ref, [m is None for m in matches])
     in_gaps = words_in_gaps(hyp, manifest["gaps"])
     inserted = [i for i in in_gaps if i not in set(matches)]
+    sentence_errors, sentence_words = [0] * len(manifest["sentences"]), [0] * len(manifest["sentences"])
+    for word, cost in zip(ref, charged, strict=True):
+        sentence_errors[word.sentence] += cost
+        sentence_words[word.sentence] += 1
     return Score(errors, len(ref), drop_s, drop_words, unmatched_s, len(in_gaps), len(inserted),
-                 onset_errors(ref, matches, hyp))
+                 onset_errors(ref, matches, hyp), sentence_errors, sentence_words)
+
+
+def paired_difference(a: list[Score], b: list[Score], draws: int = 2000,
+                      seed: int = 0) -> tuple[float, float, float]:
+    """WER of `a` minus WER of `b`, two systems' scores of the same clips, and its 95%
+    interval by a paired bootstrap over the sentences: how far one decode of the same speech
+    against another moves the difference, the rest of the clips being alike."""
+    errors_a = np.array([e for x in a for e in x.sentence_errors], np.int64)
+    errors_b = np.array([e for x in b for e in x.sentence_errors], np.int64)
+    words = np.array([n for x in a for n in x.sentence_words], np.int64)
+    if words.sum() == 0:
+        return 0.0, 0.0, 0.0
+    picks = np.random.default_rng(seed).integers(0, words.size, (draws, words.size))
+    spread = (errors_a[picks].sum(1) - errors_b[picks].sum(1)) / np.maximum(words[picks].sum(1), 1)
+    low, high = np.percentile(spread, [2.5, 97.5])
+    return float((errors_a.sum() - errors_b.sum()) / words.sum()), float(low), float(high)
 
 
 def main() -> int:

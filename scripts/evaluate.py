@@ -12,7 +12,9 @@ recordings of the earlier evaluation set). Each clip goes through
   its word times (aligned from cross-attention, as streaming's);
 - `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, greedy, with its word
   timestamps (skipped when faster-whisper is not installed).
-Per condition and overall, for each system: WER (normalized text, pooled), the longest dropped
+Per condition and overall, for each system: WER (normalized text, pooled), streaming's WER
+minus offline's with a 95% interval (a paired bootstrap over sentences: the spread that one
+decode of a sentence against another gives the difference), the longest dropped
 passage (the longest run of reference words that the alignment deletes, in seconds of speech,
 timed from the known sentence onsets and ends; in brackets the longest run not found, misheard
 words included), words placed inside gaps of 5 s or more (0.2 s cut off each gap edge),
@@ -21,6 +23,7 @@ onset|); and for streaming the latencies.
 
     scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
         [--conditions level-30 ...] [--skip stream offline fw-int8] [--json out.json] [--doc]
+    scripts/dev.sh run python scripts/evaluate.py --rescore out.json [--doc]
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.model import ModelBundle, load_bundle  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
-from scripts.corpus import DEFAULT_DIR, Score, load_index, score  # noqa: E402
+from scripts.corpus import DEFAULT_DIR, Score, load_index, paired_difference, score  # noqa: E402
 from scripts.corpus import summary as corpus_summary  # noqa: E402
 from tests.server_client import running_server  # noqa: E402
 
@@ -247,20 +250,28 @@ def per_system(results: list[Result], systems: list[str], cell) -> str:
 
 def words_table(results: list[Result], systems: list[str]) -> str:
     joined = " / ".join(systems)
+    paired = "stream" in systems and "offline" in systems
     header = ["condition", "clips", "audio min", "speech min", *(f"WER {s}" for s in systems),
+              *(["stream - offline, points (95% interval)"] if paired else []),
               f"longest drop s, in brackets of words not found ({joined})",
               f"words in gaps, inserted ones in brackets ({joined})"]
     rows = []
     for name, group in groups(results):
         wers = [sum(r.scores[s].errors for r in group) / max(1, sum(r.scores[s].words for r in group))
                 for s in systems]
+        wers_cells = [f"{w:.1%}" for w in wers]
+        if paired:
+            both = [r for r in group if "stream" in r.scores and "offline" in r.scores]
+            diff, low, high = paired_difference([r.scores["stream"] for r in both],
+                                                [r.scores["offline"] for r in both])
+            wers_cells.append(f"{100 * diff:+.1f} ({100 * low:+.1f} to {100 * high:+.1f})")
         drop = per_system(group, systems, lambda sc: f"{max(x.drop_s for x in sc):.1f} "
                           f"({max(x.unmatched_s for x in sc):.1f})")
         gaps = per_system(group, systems, lambda sc: f"{sum(x.gap_words for x in sc)} "
                           f"({sum(x.gap_inserted for x in sc)})")
         rows.append([name, str(len(group)), f"{sum(r.clip.seconds for r in group) / 60:.1f}",
                      f"{sum(r.clip.speech_seconds for r in group) / 60:.1f}",
-                     *(f"{w:.1%}" for w in wers), drop, gaps if has_long_gaps(group) else "-"])
+                     *wers_cells, drop, gaps if has_long_gaps(group) else "-"])
     return markdown(header, rows)
 
 
@@ -328,6 +339,22 @@ def to_json(results: list[Result]) -> list[dict]:
             for r in results]
 
 
+def rescore(path: Path, results: list[Result]) -> list[str]:
+    """Fill `results` from a run saved with `--json`, scored anew: the scorer may have changed
+    since. -> the systems of that run."""
+    saved = {entry["clip"]: entry for entry in json.loads(path.read_text())}
+    systems: set[str] = set()
+    for r in results:
+        entry = saved.get(r.clip.name)
+        if entry is None:
+            continue
+        for system, words in entry["words"].items():
+            r.add(system, [tuple(w) for w in words], entry["seconds"][system])
+            systems.add(system)
+        r.latencies, r.first_partial_s = entry["latencies"], entry["first_partial_s"]
+    return [s for s in SYSTEMS if s in systems]
+
+
 def run_systems(args: argparse.Namespace, results: list[Result]) -> list[str]:
     systems = []
     model = load_bundle(device="cpu", bf16=False if args.no_bf16 else None, int8=args.int8)
@@ -364,14 +391,21 @@ def main() -> int:
     parser.add_argument("--skip", nargs="*", default=[], choices=SYSTEMS)
     parser.add_argument("--json", default=None, help="write the figures and transcripts here")
     parser.add_argument("--doc", action="store_true", help="write the tables to docs/evaluation.md")
+    parser.add_argument("--rescore", type=Path, default=None,
+                        help="run nothing: score the transcripts of a run saved with --json anew")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     folder = args.corpus or DEFAULT_DIR.with_name("corpus-quick" if args.quick else "corpus")
     results = [Result(c) for c in load_clips(folder, args.quick, args.seed, args.rebuild, args.conditions)]
-    systems = run_systems(args, results)
-    settings = (f"Streaming: {'fast' if args.fast else 'real time'}, {args.parallel} at once, 100 ms "
-                f"chunks, endpoint {args.endpoint_ms} ms, pad {args.pad_seconds}, preview pad "
-                f"{args.preview_pad_seconds}. Run: {provenance(sys.argv[1:])}.")
+    if args.rescore:
+        systems = rescore(args.rescore, results)
+        results = [r for r in results if r.scores]
+        settings = f"The transcripts of {args.rescore}, scored again: {provenance(sys.argv[1:])}."
+    else:
+        systems = run_systems(args, results)
+        settings = (f"Streaming: {'fast' if args.fast else 'real time'}, {args.parallel} at once, 100 ms "
+                    f"chunks, endpoint {args.endpoint_ms} ms, pad {args.pad_seconds}, preview pad "
+                    f"{args.preview_pad_seconds}. Run: {provenance(sys.argv[1:])}.")
     text = report(results, systems, settings)
     print(text)
     if args.json:

@@ -12,7 +12,17 @@ import pytest
 import soundfile as sf
 
 from scripts import corpus
-from scripts.corpus import TimedWord, align, alignment, longest_drop, onset_errors, score, words_in_gaps
+from scripts.corpus import (
+    Score,
+    TimedWord,
+    align,
+    alignment,
+    longest_drop,
+    onset_errors,
+    paired_difference,
+    score,
+    words_in_gaps,
+)
 from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "pink-snr20", "pink-snr10", "white-snr20",
@@ -160,23 +170,33 @@ def test_align_matches_equal_words_and_counts_edits():
         found = [m for m in matches if m is not None]
         assert found == sorted(set(found))
         assert all(ref[i] == hyp[m] for i, m in enumerate(matches) if m is not None)
+        _, _, _, charged = alignment(ref, hyp)
+        assert len(charged) == len(ref) and sum(charged) == (distance if ref else 0)
+
+
+def test_alignment_charges_each_error_to_a_reference_word():
+    # 'z' inserted before the first word goes to it, 'y' inserted after 'b' to 'b'
+    assert alignment("a b c".split(), "z a b y c".split())[3] == [1, 1, 0]
+    assert alignment("a b c d".split(), "a x d".split())[3] == [0, 1, 1, 0]  # b misheard, c deleted
+    assert alignment("a b".split(), [])[3] == [1, 1]
+    assert alignment("a b".split(), "a b c d".split())[3] == [0, 2]
 
 
 def test_longest_drop_is_the_longest_run_of_missing_words_in_speech_seconds():
     ref = timed("one two three four five six", 0.0) + timed("seven eight nine", 20.0, sentence=1)
     words = [w.word for w in ref]
     hyp = "one three seven".split()  # 'two' (0.5 s); then 'four five six' + 'eight nine' (2.5 s)
-    _, matches, deleted = alignment(words, hyp)
+    _, matches, deleted, _ = alignment(words, hyp)
     assert longest_drop(ref, deleted) == (1.5, 3)  # four five six: 1.5 s; eight nine: 1.0 s
-    _, _, deleted = alignment(words, "one two three four five eight nine".split())
+    _, _, deleted, _ = alignment(words, "one two three four five eight nine".split())
     assert longest_drop(ref, deleted) == (1.0, 2)  # six seven: the 17 s pause between not counted
-    _, _, deleted = alignment(words, words)
+    _, _, deleted, _ = alignment(words, words)
     assert longest_drop(ref, deleted) == (0.0, 0)
     # misheard words are not missing: a run of substitutions is no drop, but is not found
-    _, matches, deleted = alignment(words, "one two tree for fife sex seven eight nine".split())
+    _, matches, deleted, _ = alignment(words, "one two tree for fife sex seven eight nine".split())
     assert longest_drop(ref, deleted) == (0.0, 0)
     assert longest_drop(ref, [m is None for m in matches]) == (2.0, 4)
-    _, matches, deleted = alignment(words, "one two xx seven eight nine".split())
+    _, matches, deleted, _ = alignment(words, "one two xx seven eight nine".split())
     assert longest_drop(ref, deleted) == (1.5, 3)  # one of the four words heard as 'xx'
 
 
@@ -207,6 +227,7 @@ def test_score_on_a_hand_made_manifest():
     assert (result.errors, result.words) == (4, 13)  # thank you for mister smith; went, today deleted
     assert result.gap_words == 2 and result.gap_inserted == 2
     assert result.onset_errors == [0.1]  # the second sentence's first word is missing
+    assert result.sentence_errors == [0, 4] and result.sentence_words == [6, 7]
     # 'mister smith went' not found (15 of 30 characters of 2 s), of which one word is
     # missing (two are heard as 'thank you'): 'mister', the longest lone word missing
     assert result.unmatched_s == pytest.approx(1.0)
@@ -214,3 +235,23 @@ def test_score_on_a_hand_made_manifest():
     words[5] = (8.0, 8.5, "mat.")  # a found word placed in the gap: in it, but not inserted
     result = score(manifest, words)
     assert (result.errors, result.gap_words, result.gap_inserted) == (4, 3, 2)
+
+
+def sentences_scored(errors: list[int], words: int = 10) -> Score:
+    return Score(sum(errors), words * len(errors), 0.0, 0, 0.0, 0, 0, [], errors, [words] * len(errors))
+
+
+def test_paired_difference_is_the_wer_difference_with_a_bootstrap_interval():
+    rng = random.Random(1)
+    same = [sentences_scored([rng.randrange(4) for _ in range(30)]) for _ in range(2)]
+    assert paired_difference(same, same) == (0.0, 0.0, 0.0)  # the same decodes: no spread
+    # b: one more error than a in every sentence, 600 words: a is 10 points better, surely
+    a = [sentences_scored([1] * 30), sentences_scored([0] * 30)]
+    b = [sentences_scored([2] * 30), sentences_scored([1] * 30)]
+    diff, low, high = paired_difference(a, b)
+    assert diff == pytest.approx(-0.1) and low == pytest.approx(-0.1) and high == pytest.approx(-0.1)
+    # the same total difference from a few sentences is a far wider interval around it
+    c = [sentences_scored([0] * 27 + [20, 20, 20]), sentences_scored([0] * 30)]
+    d = [sentences_scored([0] * 30), sentences_scored([0] * 30)]
+    diff, low, high = paired_difference(c, d)
+    assert diff == pytest.approx(0.1) and low < 0.05 and high > 0.15
