@@ -16,6 +16,7 @@ N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 mel frames/s, 10 ms each
 DYNAMIC_RANGE = 8.0  # log10 units kept below the loudest bin (80 dB)
+SILENCE_LOG_POWER = -10.0  # log10 of the power clamp (1e-10): what digital silence gives
 
 
 def _hz_to_mel(f: np.ndarray) -> np.ndarray:
@@ -67,7 +68,7 @@ def log_mel_power(audio: torch.Tensor, n_mels: int = 80, center: bool = True) ->
     if center:
         magnitudes = magnitudes[..., :-1]
     mel = mel_filters(n_mels).to(audio.device) @ magnitudes
-    return torch.clamp(mel, min=1e-10).log10()
+    return torch.clamp(mel, min=10.0**SILENCE_LOG_POWER).log10()
 
 
 def normalize_log_mel(log_spec: torch.Tensor, floor: float | torch.Tensor) -> torch.Tensor:

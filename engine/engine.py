@@ -213,7 +213,8 @@ class Engine:
             prompt = stream.policy.prompt_tokens(in_window=not window.preview,
                                                  timestamp_begin=stream.timestamp_begin)
             draft = stream.draft(window.window_start, window.preview)
-            inp.windows.append(WindowInput(window, pieces, prompt, draft, stream.may_commit(window)))
+            inp.windows.append(WindowInput(window, pieces, prompt, draft, stream.may_commit(window),
+                                           stream.heard_speech(window)))
         return StepInput(scheduled, inp)
 
     def execute(self, step: StepInput) -> RunnerOutput:

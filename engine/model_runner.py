@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
+from audio.mel import SILENCE_LOG_POWER, normalize_log_mel
 from engine.model import ModelBundle
 from engine.model.decoding import (
     DecodingCancelled,
@@ -51,6 +52,7 @@ class WindowInput:
     # its decode may commit words: they are timed from the audio (else a segment's time is
     # spread over its words, enough for the tentative tail)
     timed: bool = True
+    speech_heard: bool = False  # the VAD heard speech in its audio past the committed words
 
     @property
     def request_id(self) -> str:
@@ -129,10 +131,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def pad(self, floor: float = STREAM_LOG_FLOOR) -> torch.Tensor:
-        """(n_state,) stem output of the padding after a window whose items have this floor
-        (Whisper pads with silence, which its clamp raises to the floor)."""
+        """(n_state,) stem output of the padding after a window whose items have this floor.
+        Whisper pads with digital silence: its log power, clamped to the floor. Under quiet
+        speech the floor lies below silence, so the padding is silence, not the floor."""
         if floor not in self.pads:
-            silence = torch.full((1, self.model.dims.n_mels, 11), (floor + 4.0) / 4.0)
+            silence = torch.full((1, self.model.dims.n_mels, 11), SILENCE_LOG_POWER)
+            silence = normalize_log_mel(silence, floor)
             self.pads[floor] = self._stem(silence)[0, 0]
         return self.pads[floor]
 
@@ -269,7 +273,8 @@ class ModelRunner:
                                              [] if copied else opts.prompt, opts.audio_seconds,
                                              TEMPERATURES if copied else TEMPERATURES[1:],
                                              [(k[b : b + 1], v[b : b + 1]) for k, v in cross],
-                                             earlier=None if copied else d)
+                                             earlier=None if copied else d,
+                                             speech_heard=opts.speech_heard)
                 except Exception as e:  # failed below, for this session alone
                     d = e
             kept.append(d)
@@ -313,7 +318,8 @@ class ModelRunner:
     @staticmethod
     def _options(w: WindowInput) -> DecodingOptions:
         seconds = positions_to_seconds(w.window.window_end - w.window.window_start)
-        return DecodingOptions(prompt=w.prompt, audio_seconds=seconds, draft=w.draft)
+        return DecodingOptions(prompt=w.prompt, audio_seconds=seconds, draft=w.draft,
+                               speech_heard=w.speech_heard)
 
     def _window_result(self, window: ScheduledWindow, decoded: DecodingResult,
                        starts: list[float] | None = None) -> WindowResult:

@@ -16,6 +16,9 @@ MIN_WORD_MS = 100  # a word whose edge moves keeps at least this long
 # silence before the speech (streaming's Stream.skip_silence, offline transcribe)
 LONG_SILENCE_MS = 3000
 LEAD_IN_MS = 1000
+# a window with this much VAD speech is speech, whatever Whisper's no-speech probability says
+# (DecodingOptions.speech_heard); a breath or a click is not this long
+HEARD_SPEECH_MS = 500
 ONSET_LEAD_MS = 1000  # a first word in a run of speech starts at most this much later than the run
 WORD_SLACK_MS = 300  # `unheard`: speech this near a word may be that word's ...
 LONG_WORD_EDGE_MS = 500  # ... and a word longer than twice this covers this much at each edge

@@ -10,7 +10,7 @@ import torch
 from app.engine_loop import EngineLoop
 from app.metrics import Metrics
 from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
-from audio.mel import log_mel_power, normalize_log_mel
+from audio.mel import DYNAMIC_RANGE, log_mel_power, normalize_log_mel
 from engine import worker
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -29,6 +29,7 @@ from tests.helpers import (
     speech_onset_ms,
     transcripts,
 )
+from tests.test_transcribe import faint_noisy_speech
 
 
 def stream(engine: Engine, request_ids: list[str], samples: list[np.ndarray],
@@ -71,6 +72,23 @@ def test_item_stem_equals_whole_window_stem():
     # rounding on CUDA)
     tolerance = 1e-4 if model.dtype == torch.float32 else 1e-2
     assert (whole[4:-4] - per_item[4:-4]).abs().max().item() < tolerance
+
+
+@pytest.mark.parametrize("db", [0, -50])
+def test_window_padding_is_whisper_padding_at_any_level(db):
+    """Whisper pads a window with digital silence, whose log power its clamp raises to the
+    floor. Under speech quiet enough for the floor to lie below silence's log power, the
+    padding stays silence: the runner's padding is that, not the floor (2 dB of log-mel
+    apart at -50 dB)."""
+    model = bundle().model
+    samples = audio(librivox_path("0880")) * 10 ** (db / 20)
+    log_spec = log_mel_power(torch.nn.functional.pad(samples, (0, 16000 * 5)))
+    floor = float(log_spec.max()) - DYNAMIC_RANGE
+    with torch.inference_mode():
+        whole = model.encoder.stem(normalize_log_mel(log_spec, floor)[None].to(model.device, model.dtype))[0]
+    pad = Engine(bundle()).runner.pad(floor)
+    tolerance = 1e-4 if model.dtype == torch.float32 else 1e-2
+    assert (whole[-100:-10] - pad).abs().max().item() < tolerance  # (the end: the conv's zeros)
 
 
 def test_streaming_matches_offline_transcription():
@@ -575,15 +593,26 @@ def test_a_model_too_big_for_dev_shm_runs_in_a_thread(monkeypatch, caplog):
     assert "do not fit in /dev/shm" in caplog.text
 
 
-@pytest.mark.parametrize("db", [0, -30])
-def test_quiet_speech_is_transcribed_like_loud_speech(db):
-    """Speech 30 dB down (RMS about -54 dBFS) is still speech to the VAD: the session gets
-    its finals, not silence (an energy gate at -45 dBFS decoded nothing of it)."""
+@pytest.mark.parametrize(("db", "chunk"), [(0, 3200), (-30, 3200), (-50, 3200), (-50, 16000 * 60)])
+def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk):
+    """Speech 30 and 50 dB down (RMS about -54 and -74 dBFS) is still speech to the VAD:
+    the session gets its finals, not silence (an energy gate at -45 dBFS decoded nothing of
+    it). Also when the audio comes all at once (a backlog: finals with no partial before
+    them), where Whisper's no-speech probability called windows of it silence."""
     samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS[:2]], gap_seconds=1.0)
     quiet = (samples.numpy() * 10 ** (db / 20)).astype(np.float32)
-    words = stream(Engine(bundle()), ["s"], [quiet])["s"]
+    words = stream(Engine(bundle()), ["s"], [quiet], chunk)["s"]
     errors, n = word_errors(reference, "".join(w.text for w in words))
     assert errors / n <= 0.12, "".join(w.text for w in words)
+
+
+def test_a_final_of_speech_the_vad_hears_is_not_dropped_as_whispers_silence():
+    """The decode of a final over faint speech in noise (test_transcribe's) has Whisper's
+    no-speech probability high and its log-probability low: the VAD heard seconds of speech
+    in it, so its words are committed."""
+    words = stream(Engine(bundle()), ["s"], [faint_noisy_speech()])["s"]
+    text = "".join(w.text for w in words)
+    assert "rather cold" in text.lower(), text
 
 
 def noise_between_sentences() -> tuple[np.ndarray, str, tuple[int, int], int]:

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import soundfile
+import torch
 import torchaudio.functional as AF
 
 from engine.model.decoding import repeated_tail
@@ -39,6 +40,29 @@ def test_arctic_set_word_error_rate_at_most_15_percent():
         errors, words = errors + e, words + n
     assert words == 71
     assert errors / words <= 0.15, f"WER {errors / words:.1%}"
+
+
+def test_quiet_speech_keeps_every_sentence():
+    """Speech 50 dB down (RMS about -74 dBFS): the VAD still hears it (the detector's gain), so
+    no segment of it is dropped as unheard and no window of it as Whisper's silence."""
+    samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=1.0)
+    result = transcribe(bundle(), samples * 10 ** (-50 / 20))
+    errors, n = word_errors(reference, result.text)
+    assert errors / n <= 0.15, result.text
+
+
+def faint_noisy_speech() -> np.ndarray:
+    """A recording 60 dB down (RMS about -84 dBFS) under white noise 5 dB below it: speech the
+    VAD hears for 4.5 s, whose decode Whisper's no-speech rule would call silence
+    (no-speech probability 0.73, mean log-probability -1.10)."""
+    x = audio(librivox_path("0890")).numpy() * 10 ** (-60 / 20)
+    noise = np.random.default_rng(0).standard_normal(x.size) * np.sqrt(np.mean(x**2)) * 10 ** (-5 / 20)
+    return (x + noise).astype(np.float32)
+
+
+def test_speech_the_vad_hears_is_not_dropped_as_whispers_silence():
+    text = transcribe(bundle(), torch.from_numpy(faint_noisy_speech())).text
+    assert "rather cold" in text.lower(), text
 
 
 def test_multi_minute_audio_has_monotonic_timestamps_and_no_loops():

@@ -43,6 +43,9 @@ class DecodingOptions:
     # tokens greedy decoding is likely to produce (the last decode of the window, a final's
     # with its preview after it): verified, not generated (temperature 0 only; decode_batch)
     draft: list[int] = field(default_factory=list)
+    # the VAD heard speech in the window: Whisper's no-speech probability does not make the
+    # decode silence (under quiet or unclear speech it is high, and the words were dropped)
+    speech_heard: bool = False
 
 
 class DecodingCancelled(Exception):
@@ -69,6 +72,7 @@ class DecodingResult:
     stop: str  # "eot", "budget" or "repetition"
     temperature: float = 0.0
     token_logprobs: list[float] = field(default_factory=list)  # per token of `tokens`
+    speech_heard: bool = False  # (DecodingOptions.speech_heard)
 
     @property
     def needs_fallback(self) -> bool:
@@ -80,6 +84,9 @@ class DecodingResult:
 
     @property
     def is_silence(self) -> bool:
+        """Whisper's no-speech rule, for windows the VAD heard no speech in."""
+        if self.speech_heard:
+            return False
         return self.no_speech_prob > NO_SPEECH_THRESHOLD and self.avg_logprob < LOGPROB_THRESHOLD
 
 
@@ -254,6 +261,7 @@ class _Row:
             stop=self.stop or "budget",
             temperature=self.options.temperature,
             token_logprobs=self.logprobs,
+            speech_heard=self.options.speech_heard,
         )
 
 

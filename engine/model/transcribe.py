@@ -25,7 +25,14 @@ from engine.model.decoding import (
     decode,
 )
 from engine.model.timing import align
-from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SNAP_MS, WORD_SLACK_MS, SpeechMap
+from engine.speech_map import (
+    HEARD_SPEECH_MS,
+    LEAD_IN_MS,
+    LONG_SILENCE_MS,
+    SNAP_MS,
+    WORD_SLACK_MS,
+    SpeechMap,
+)
 from engine.timeline import SAMPLE_RATE, positions_to_seconds, seconds_to_ms
 from engine.words import Segment, aligned_words, split_segments
 
@@ -59,7 +66,7 @@ class Transcript:
 def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: list[int],
                          audio_seconds: float, temperatures: tuple[float, ...] = TEMPERATURES,
                          cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                         earlier: DecodingResult | None = None) -> DecodingResult:
+                         earlier: DecodingResult | None = None, speech_heard: bool = False) -> DecodingResult:
     """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter. A
     decode that copies the prompt's last sentence is done again without the prompt.
 
@@ -67,14 +74,16 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
     faster-whisper; Whisper keeps the hottest, which on hard audio is sounds spelled as
     made-up words, and their times swallow the speech after them), marked with the last
     temperature tried so its text is no prompt. `cross`: `cross_kv` of `features` if already
-    computed (else computed once here); `earlier`: a decode of this window already made."""
+    computed (else computed once here); `earlier`: a decode of this window already made;
+    `speech_heard`: the VAD heard speech in the window (DecodingOptions)."""
     if cross is None:
         cross = bundle.model.decoder.cross_kv(features)
     tried = [earlier] if earlier is not None else []
     result = None
     for t in temperatures:
         for attempt in (prompt if t <= 0.5 else [], []):
-            options = DecodingOptions(prompt=attempt, temperature=t, audio_seconds=audio_seconds)
+            options = DecodingOptions(prompt=attempt, temperature=t, audio_seconds=audio_seconds,
+                                      speech_heard=speech_heard)
             result = decode(bundle.model, bundle.tokenizer, features, options, bundle.suppress, cross)
             if not copies_prompt(bundle.tokenizer, result.tokens, attempt):
                 break
@@ -122,7 +131,8 @@ def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: in
     chunk[:, frames:] = mel[:, -1:]  # silence, as the padding after the audio
     features = model.encoder(chunk[None].to(model.device, model.dtype))  # (1, 1500, n_state)
     cross = model.decoder.cross_kv(features)  # for every decode of the window and its words
-    result = decode_with_fallback(bundle, features, history, seconds, cross=cross)
+    heard = speech.speech_ms(seconds_to_ms(offset), seconds_to_ms(offset + seconds)) >= HEARD_SPEECH_MS
+    result = decode_with_fallback(bundle, features, history, seconds, cross=cross, speech_heard=heard)
     if result.is_silence:
         return result, [], seconds
     new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset, seconds, tokenizer)
