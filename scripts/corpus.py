@@ -8,8 +8,8 @@ threshold on 10 ms frames) and brought to the same speech level, then placed at 
 positions, so each sentence's onset and end are exact.
 
 Conditions (each a WAV file, or several, with a JSON manifest beside it):
-- level-0 / level-20 / level-30: one program (many voices, real recordings) at speech level
-  -23 dBFS, and scaled by -20 and -30 dB;
+- level-0 / level-20 / level-30 / level-50: one program (many voices, real recordings) at
+  speech level -23 dBFS, and scaled by -20, -30 and -50 dB;
 - pink-snr20 / pink-snr10 / white-snr20 / white-snr10: the same program with noise throughout;
 - telephone-8k: the program band-passed to 300-3400 Hz, written at 8 kHz;
 - stereo-44k: the program at 44.1 kHz in two channels (the right one 2 dB quieter);
@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 1  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 2  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -474,7 +474,7 @@ def program(seed: int, quick: bool, real: dict[str, Piece]) -> Clip:
 
 def program_conditions(clip: Clip, seed: int) -> list[Clip]:
     speech = clip.info["speech_dbfs"]
-    out = [with_gain(clip, f"level-{-db}" if db else "level-0", db) for db in (0, -20, -30)]
+    out = [with_gain(clip, f"level-{-db}" if db else "level-0", db) for db in (0, -20, -30, -50)]
     out += [with_noise(clip, f"{kind}-snr{snr}", kind, speech - snr, seed)
             for kind in ("pink", "white") for snr in (20, 10)]
     return out + [telephone(clip, "telephone-8k"), stereo_44k(clip, "stereo-44k")]

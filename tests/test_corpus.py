@@ -25,7 +25,7 @@ from scripts.corpus import (
 )
 from scripts.wer import edit_distance
 
-CONDITIONS = {"level-0", "level-20", "level-30", "pink-snr20", "pink-snr10", "white-snr20",
+CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
               "white-snr10", "telephone-8k", "stereo-44k", "gaps-silence", "gaps-noise",
               "long-session", "end-abrupt", "previous-set"}
 
@@ -103,7 +103,7 @@ def test_levels_noise_rates_and_channels_are_as_the_condition_says(built):
             [a[int(s["onset"] * r) : int(s["end"] * r), channel] for s in m["sentences"]]) ** 2)))
 
     assert abs(speech_db("level-0") - corpus.SPEECH_DBFS) < 2
-    for name, db in (("level-20", -20), ("level-30", -30)):
+    for name, db in (("level-20", -20), ("level-30", -30), ("level-50", -50)):
         assert clip[name][0]["gain_db"] == db and abs(speech_db(name) - speech_db("level-0") - db) < 0.1
     for name, snr in (("pink-snr20", 20), ("pink-snr10", 10), ("white-snr10", 10)):
         assert clip[name][0]["noise"]["snr_db"] == snr
