@@ -6,13 +6,12 @@ level of the audio the way an energy threshold does: quiet speech is speech, and
 noise is not. One network serves every stream of the process; each stream keeps its own
 state (`SpeechDetector`), and `detect` runs many streams' chunks in one batch.
 
-Silero is level-independent only down to a point: speech at -63 dBFS RMS is still heard in
-96% of its chunks, at -73 dBFS in two thirds, at -83 dBFS in none, while Whisper still
-transcribes it. So each stream's chunks reach the network with a gain that brings the
-loudest chunk so far up to `GAIN_TARGET_DBFS` (at most `MAX_GAIN_DB`, never down): speech
-at any level meets the network as speech at a normal one. Steady noise brought up as far
-is still not speech to it (white, pink, brown noise, mains hum: no chunk over 0.1 at
--25 dBFS), and the model itself still reads the audio as it came.
+Silero is level-independent only down to a point: far under a normal level it hears less
+and less of the speech, while Whisper still transcribes it. So each stream's chunks reach
+the network with a gain that brings the loudest chunk so far up to `GAIN_TARGET_DBFS` (at
+most `MAX_GAIN_DB`, never down): speech at any level meets the network as speech at a
+normal one. Steady noise brought up as far is still not speech to it, and the model itself
+reads the audio as it came (docs/architecture.md, Speech tracking).
 
 `TurnDetector` turns the probabilities into speech started / stopped events, as Silero's
 own `get_speech_timestamps` does: speech starts at a chunk over `threshold`, and stops once

@@ -44,7 +44,7 @@ class DecodingOptions:
     # with its preview after it): verified, not generated (temperature 0 only; decode_batch)
     draft: list[int] = field(default_factory=list)
     # the VAD heard speech in the window: Whisper's no-speech probability does not make the
-    # decode silence (under quiet or unclear speech it is high, and the words were dropped)
+    # decode silence (it is high under quiet or unclear speech the VAD hears for seconds)
     speech_heard: bool = False
 
 
