@@ -12,6 +12,7 @@ import torchaudio.functional as AF
 
 from engine.model.decoding import repeated_tail
 from engine.model.transcribe import transcribe
+from scripts.corpus import Voice, layout, tts_piece
 from scripts.wer import normalize, word_errors
 from tests.helpers import ARCTIC_IDS, CARDS, audio, bundle, concatenated, librivox_path, transcripts
 
@@ -63,6 +64,20 @@ def faint_noisy_speech() -> np.ndarray:
 def test_speech_the_vad_hears_is_not_dropped_as_whispers_silence():
     text = transcribe(bundle(), torch.from_numpy(faint_noisy_speech())).text
     assert "rather cold" in text.lower(), text
+
+
+def test_short_utterances_between_long_silences_are_each_found_at_their_onset():
+    """Commands of half a second with 5-9 s of silence between them: a 30 s window across
+    the silences passed over some ("Yes.") and timed others seconds late, next to the speech
+    after the silence; a window ends at a silence of 3 s."""
+    voice = Voice("espeak", "en-us", 160)
+    pieces = [tts_piece(t, voice) for t in ("Yes.", "Stop.", "Call mom.", "Okay.", "Go back.", "Thank you.")]
+    clip = layout("commands", "commands", pieces, [6.0, 8.5, 5.0, 9.0, 7.0], lead=1.0)
+    result = transcribe(bundle(), torch.from_numpy(clip.audio))
+    starts = [s.words[0].start_ms / 1000 for s in result.segments if s.words]
+    assert len(starts) == len(pieces), result.segments
+    for start, sentence in zip(starts, clip.sentences, strict=True):
+        assert abs(start - sentence["onset"]) <= 0.3, (start, sentence)
 
 
 def test_multi_minute_audio_has_monotonic_timestamps_and_no_loops():

@@ -42,6 +42,7 @@ VAD_THRESHOLD = EngineConfig.vad_threshold
 UNHEARD_SPEECH_MS = 2000  # this much VAD speech between a window's words is speech it skipped
 ONSET_PAD_MS = 200  # a window starts this far before a speech onset (the VAD hears onsets late)
 PAUSE_MS = 300  # a window cut short ends at a pause of this much
+TAIL_MS = 500  # a window that ends at a long silence keeps this much of it
 
 
 @dataclass
@@ -183,6 +184,18 @@ def _heard(segment: Segment, speech: SpeechMap) -> bool:
     return speech.speech_ms(start, end) > 0
 
 
+def _window_frames(speech: SpeechMap, seek: int, content_frames: int) -> int:
+    """The mel frames of the window from `seek`: 30 s, or up to a silence of LONG_SILENCE_MS
+    after speech (and TAIL_MS into it). Across seconds of silence the decoder passes over a
+    short utterance ("Yes.") or times it next to the speech after the silence."""
+    frames = min(N_FRAMES, content_frames - seek)
+    pause = speech.pause_after(seconds_to_ms(seek / FRAMES_PER_SECOND), 1, LONG_SILENCE_MS)
+    if pause is None:
+        return frames
+    end = round((pause + TAIL_MS) / 1000 * FRAMES_PER_SECOND)
+    return max(INPUT_STRIDE, min(frames, end - seek))
+
+
 @torch.inference_mode()
 def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
@@ -202,7 +215,7 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
         onset = speech.next_speech(at)
         if onset is not None and onset - at >= LONG_SILENCE_MS:
             seek = round((onset - LEAD_IN_MS) / 1000 * FRAMES_PER_SECOND)
-        window_frames = min(N_FRAMES, content_frames - seek)
+        window_frames = _window_frames(speech, seek, content_frames)
         result, new, consumed = _decode_window(bundle, mel, seek, window_frames, history, speech)
         if result.is_silence:
             seek += window_frames
