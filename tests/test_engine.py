@@ -25,11 +25,11 @@ from tests.helpers import (
     bundle,
     concatenated,
     fail_decodes,
+    faint_noisy_speech,
     librivox_path,
     speech_onset_ms,
     transcripts,
 )
-from tests.test_transcribe import faint_noisy_speech
 
 
 def stream(engine: Engine, request_ids: list[str], samples: list[np.ndarray],
@@ -607,7 +607,7 @@ def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk):
 
 
 def test_a_final_of_speech_the_vad_hears_is_not_dropped_as_whispers_silence():
-    """The decode of a final over faint speech in noise (test_transcribe's) has Whisper's
+    """The decode of a final over faint speech in noise (tests/helpers.py) has Whisper's
     no-speech probability high and its log-probability low: the VAD heard seconds of speech
     in it, so its words are committed."""
     words = stream(Engine(bundle()), ["s"], [faint_noisy_speech()])["s"]

@@ -14,7 +14,16 @@ from engine.model.decoding import repeated_tail
 from engine.model.transcribe import transcribe
 from scripts.corpus import Voice, layout, tts_piece
 from scripts.wer import normalize, word_errors
-from tests.helpers import ARCTIC_IDS, CARDS, audio, bundle, concatenated, librivox_path, transcripts
+from tests.helpers import (
+    ARCTIC_IDS,
+    CARDS,
+    audio,
+    bundle,
+    concatenated,
+    faint_noisy_speech,
+    librivox_path,
+    transcripts,
+)
 
 # What Whisper tiny.en (bundled CTranslate2 weights, our PyTorch port) actually says.
 GOLDEN = {
@@ -50,15 +59,6 @@ def test_quiet_speech_keeps_every_sentence():
     result = transcribe(bundle(), samples * 10 ** (-50 / 20))
     errors, n = word_errors(reference, result.text)
     assert errors / n <= 0.15, result.text
-
-
-def faint_noisy_speech() -> np.ndarray:
-    """A recording 60 dB down (RMS about -84 dBFS) under white noise 5 dB below it: speech the
-    VAD hears for 4.5 s, whose decode Whisper's no-speech rule would call silence
-    (no-speech probability 0.73, mean log-probability -1.10)."""
-    x = audio(librivox_path("0890")).numpy() * 10 ** (-60 / 20)
-    noise = np.random.default_rng(0).standard_normal(x.size) * np.sqrt(np.mean(x**2)) * 10 ** (-5 / 20)
-    return (x + noise).astype(np.float32)
 
 
 def test_speech_the_vad_hears_is_not_dropped_as_whispers_silence():
