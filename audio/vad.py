@@ -67,7 +67,7 @@ class SpeechDetector:
         self.context = torch.zeros(1, CONTEXT_SAMPLES)
         self.pending = np.zeros(0, dtype=np.float32)  # samples of the next, incomplete chunk
         self.num_chunks = 0  # chunks analysed
-        self.loudest = 0.0  # RMS of the loudest chunk so far (sets the gain)
+        self.loudest_db = -np.inf  # RMS level of the loudest chunk so far, dBFS (sets the gain)
 
     def push(self, samples: np.ndarray) -> np.ndarray:
         """(n,) float32 16 kHz samples -> (k,) speech probabilities of the chunks they complete."""
@@ -81,13 +81,11 @@ class SpeechDetector:
         n = data.size // CHUNK_SAMPLES
         self.pending = data[n * CHUNK_SAMPLES :]
         chunks = data[: n * CHUNK_SAMPLES].reshape(n, CHUNK_SAMPLES)
-        rms = np.sqrt(np.mean(np.square(chunks, dtype=np.float64), axis=1))  # (k,)
-        loudest = np.maximum.accumulate(np.maximum(rms, self.loudest))
+        loudest = np.maximum.accumulate(np.maximum(level_db(chunks, axis=1), self.loudest_db))  # (k,)
         if n:
-            self.loudest = float(loudest[-1])
-        target, most = 10 ** (GAIN_TARGET_DBFS / 20), 10 ** (MAX_GAIN_DB / 20)
-        gain = np.clip(target / np.maximum(loudest, 1e-9), 1.0, most).astype(np.float32)
-        return torch.from_numpy(chunks * gain[:, None])
+            self.loudest_db = float(loudest[-1])
+        gain_db = np.clip(GAIN_TARGET_DBFS - loudest, 0.0, MAX_GAIN_DB)
+        return torch.from_numpy(chunks * (10 ** (gain_db / 20)).astype(np.float32)[:, None])
 
 
 @torch.inference_mode()

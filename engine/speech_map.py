@@ -92,6 +92,11 @@ class SpeechMap:
             k += 1
         return total
 
+    def heard(self, start_ms: int, end_ms: int) -> bool:
+        """Whether [start_ms, end_ms) holds HEARD_SPEECH_MS of speech: a decode of it is no
+        silence, whatever Whisper's no-speech probability says."""
+        return self.speech_ms(start_ms, end_ms) >= HEARD_SPEECH_MS
+
     def unheard(self, start_ms: int, end_ms: int, words: list[Word], min_ms: int) -> tuple[int, int] | None:
         """The first stretch of [start_ms, end_ms) outside the (timed, ordered) words in which
         the VAD heard at least `min_ms` of speech: speech the words leave out, as (where the

@@ -27,7 +27,7 @@ from engine.model_runner import WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
-from engine.speech_map import HEARD_SPEECH_MS, LEAD_IN_MS, LONG_SILENCE_MS, SpeechMap
+from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SpeechMap
 from engine.timeline import (
     item_positions,
     ms_to_positions,
@@ -284,7 +284,7 @@ class Stream:
         """Whether the VAD heard speech in a window past its committed words (its decode is
         then no silence, whatever Whisper's no-speech probability says)."""
         start = max(positions_to_ms(window.window_start), self.policy.committed_end_ms)
-        return self.speech.speech_ms(start, positions_to_ms(window.window_end)) >= HEARD_SPEECH_MS
+        return self.speech.heard(start, positions_to_ms(window.window_end))
 
     def may_commit(self, window: ScheduledWindow) -> bool:
         """Whether the decode of a window the scheduler gave can commit words."""

@@ -25,14 +25,7 @@ from engine.model.decoding import (
     decode,
 )
 from engine.model.timing import align
-from engine.speech_map import (
-    HEARD_SPEECH_MS,
-    LEAD_IN_MS,
-    LONG_SILENCE_MS,
-    SNAP_MS,
-    WORD_SLACK_MS,
-    SpeechMap,
-)
+from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SNAP_MS, WORD_SLACK_MS, SpeechMap
 from engine.timeline import SAMPLE_RATE, positions_to_seconds, seconds_to_ms
 from engine.words import Segment, aligned_words, split_segments
 
@@ -132,7 +125,7 @@ def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: in
     chunk[:, frames:] = mel[:, -1:]  # silence, as the padding after the audio
     features = model.encoder(chunk[None].to(model.device, model.dtype))  # (1, 1500, n_state)
     cross = model.decoder.cross_kv(features)  # for every decode of the window and its words
-    heard = speech.speech_ms(seconds_to_ms(offset), seconds_to_ms(offset + seconds)) >= HEARD_SPEECH_MS
+    heard = speech.heard(seconds_to_ms(offset), seconds_to_ms(offset + seconds))
     result = decode_with_fallback(bundle, features, history, seconds, cross=cross, speech_heard=heard)
     if result.is_silence:
         return result, [], seconds
