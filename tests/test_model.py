@@ -182,6 +182,28 @@ def test_a_bf16_projection_decides_as_float32():
     assert (fast - exact).abs().max().item() > 1e-3  # the rest is bfloat16's: the copy is used
 
 
+def test_an_fp16_projection_serves_a_few_rows_and_float32_more():
+    """Without native bf16 the projection copy is float16, whose CPU matmul costs about a
+    matrix-vector product per row: a few rows (a token per window) take the copy, more rows
+    (a draft checked at once) the float32 projection, which then decides exactly."""
+    from engine.model.whisper import FP16_MAX_ROWS
+
+    model = load_bundle(device="cpu", bf16=False).model
+    assert model.decoder.projection is not None and model.decoder.projection.dtype == torch.float16
+    mel = window_mel("0890")
+    prompt = [50257, 50362]
+    tokens = torch.tensor([prompt + greedy(model, mel, prompt)])
+    with torch.inference_mode():
+        hidden = model.decoder.hidden(tokens, model.encoder(mel), model.decoder.new_cache())[0]
+        exact = hidden @ model.decoder.token_embedding.weight.T  # (T, vocab)
+        many = model.decoder.logits(hidden)
+        few = model.decoder.logits(hidden[:FP16_MAX_ROWS])
+    assert hidden.shape[0] > FP16_MAX_ROWS
+    assert torch.equal(many, exact)
+    assert 0 < (few - exact[:FP16_MAX_ROWS]).abs().max().item() < 0.05
+    assert torch.equal(few.argmax(-1), exact[:FP16_MAX_ROWS].argmax(-1))
+
+
 def three_windows() -> tuple[torch.Tensor, list[int], list[DecodingOptions]]:
     """Encoder features of three real windows, a real prompt, and options with prompts of
     different lengths (the batch is left-padded)."""

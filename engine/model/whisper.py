@@ -24,6 +24,10 @@ FEW_QUERIES = 64
 # bfloat16 logits are off by about 0.1 at most: the tokens within this of the best are the
 # ones a float32 projection could rank first
 BF16_LOGIT_MARGIN = 0.5
+# Without native fp16 arithmetic torch's CPU float16 matmul costs about the same per row as a
+# matrix-vector product, where float32's GEMM reads the projection once for all rows: past
+# this many rows the float32 projection is the faster one (docs/performance.md)
+FP16_MAX_ROWS = 6
 
 # int8 layers (Whisper.set_encoder_int8) run on oneDNN's kernels, which ONEDNN_MAX_CPU_ISA
 # limits like the rest of oneDNN (docs/performance.md measures an AVX2 host that way). Set on
@@ -375,6 +379,8 @@ class TextDecoder(nn.Module):
         best but not to choose among them, nor to weigh text against the timestamps (whose
         logits are all recomputed). Rounded logits sent a 2.5-minute file astray."""
         weight = self.projection if self.projection is not None else self.token_embedding.weight
+        if weight.dtype == torch.float16 and x.device.type == "cpu" and x[..., 0].numel() > FP16_MAX_ROWS:
+            weight = self.token_embedding.weight
         rough = x.to(weight.dtype) @ weight.T
         logits = rough.float()
         if weight.dtype != torch.bfloat16 or text_tokens is None or timestamp_begin is None:
