@@ -299,20 +299,33 @@ def test_shift_timestamps_moves_only_timestamps_and_stops_outside_the_range():
 
 
 def test_an_int8_encoder_is_close_to_float32_and_transcribes_the_same_words():
-    """`int8=True` runs the encoder's linear layers on int8 weights (torch's dynamic
-    quantization, no AVX512 needed): its output stays close to float32's, and it reads the
-    arctic clips with at most one word error more."""
+    """`int8=True` runs the encoder's linear layers but the MLPs' second ones on int8
+    weights (torch's dynamic quantization, no AVX512 needed): its output stays close to
+    float32's, and it reads the arctic clips with at most one word error more."""
     from engine.model.loader import precision
     from engine.model.transcribe import transcribe
+    from engine.model.whisper import Int8Linear, Linear
 
     int8 = load_bundle(device="cpu", int8=True)
     assert int8.model.encoder_int8 and not exact_bundle().model.encoder_int8
+    for block in int8.model.encoder.blocks:
+        layers = [block.attn.query, block.attn.key, block.attn.value, block.attn.out, block.mlp[0]]
+        assert all(isinstance(layer, Int8Linear) for layer in layers)
+        assert isinstance(block.mlp[2], Linear)  # its input's outlier channels: float32
     assert precision(int8.model).startswith("encoder int8 (")
+    every = load_bundle(device="cpu", bf16=False).model  # every linear layer int8, to compare
+    for block in every.encoder.blocks:
+        for parent in (block.attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, Linear):
+                    setattr(parent, name, Int8Linear(child))
     mel = window_mel("0880")
     with torch.inference_mode():
         exact, fast = exact_bundle().model.encoder(mel), int8.model.encoder(mel)
+        error, error_every = ((out - exact).norm() / exact.norm() for out in (fast, every.encoder(mel)))
     cosine = torch.nn.functional.cosine_similarity(exact.flatten(), fast.flatten(), dim=0)
     assert cosine > 0.99, float(cosine)
+    assert error < 0.8 * error_every, (float(error), float(error_every))
     errors = {"fp32": 0, "int8": 0}
     for clip in ARCTIC_IDS:
         path = librivox_path(clip)
