@@ -379,7 +379,8 @@ class TextDecoder(nn.Module):
         best but not to choose among them, nor to weigh text against the timestamps (whose
         logits are all recomputed). Rounded logits sent a 2.5-minute file astray."""
         weight = self.projection if self.projection is not None else self.token_embedding.weight
-        if weight.dtype == torch.float16 and x.device.type == "cpu" and x[..., 0].numel() > FP16_MAX_ROWS:
+        rows = x.numel() // x.shape[-1]
+        if weight.dtype == torch.float16 and x.device.type == "cpu" and rows > FP16_MAX_ROWS:
             weight = self.token_embedding.weight
         rough = x.to(weight.dtype) @ weight.T
         logits = rough.float()
@@ -438,10 +439,10 @@ class Whisper(nn.Module):
         (`Int8Linear`), all but the MLPs' second ones; attention products, layer norms and
         the rest stay float32. Replaces the layers in place.
 
-        The second MLP layer's input, a GELU's output, has a few channels 10-60 times the
-        median one's size, so one int8 scale for the whole input leaves the other channels a
-        handful of steps: quantized, those layers carry most of int8's WER cost
-        (docs/evaluation.md, The int8 encoder).
+        The second MLP layer's input, a GELU's output, has a few channels far larger than the
+        rest, so one int8 scale for the whole input leaves the other channels a handful of
+        steps: quantized, those layers carry most of int8's WER cost (docs/evaluation.md,
+        The int8 encoder).
         """
         for block in self.encoder.blocks:
             for parent in (block.attn, block.mlp):
