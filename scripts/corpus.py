@@ -604,6 +604,7 @@ def summary(index: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # Scoring a transcript with word times against a manifest
 
+START_WORDS = 2  # a sentence's first words, scored apart (Score.start_errors)
 MIN_GAP_S = 5.0  # gaps this long or longer are checked for words
 GAP_EDGE_S = 0.2  # a word in a gap must lie inside it with this much cut off each edge
 
@@ -628,6 +629,10 @@ class Score:
     onset_errors: list[float]  # seconds, one per sentence whose first word was found
     sentence_errors: list[int]  # the errors charged to each sentence's words (`alignment`)
     sentence_words: list[int]  # each sentence's reference words
+    # the errors charged to the first START_WORDS words of the sentences, and those words: the
+    # first words after a pause are where streaming and offline part most
+    start_errors: int = 0
+    start_words: int = 0
 
 
 def reference_words(sentences: list[dict]) -> list[TimedWord]:
@@ -736,11 +741,15 @@ def score(manifest: dict, words: list[tuple[float, float, str]]) -> Score:
     in_gaps = words_in_gaps(hyp, manifest["gaps"])
     inserted = [i for i in in_gaps if i not in set(matches)]
     sentence_errors, sentence_words = [0] * len(manifest["sentences"]), [0] * len(manifest["sentences"])
+    start_errors = start_words = 0
     for word, cost in zip(ref, charged, strict=True):
+        if sentence_words[word.sentence] < START_WORDS:
+            start_errors, start_words = start_errors + cost, start_words + 1
         sentence_errors[word.sentence] += cost
         sentence_words[word.sentence] += 1
     return Score(errors, len(ref), drop_s, drop_words, unmatched_s, len(in_gaps), len(inserted),
-                 onset_errors(ref, matches, hyp), sentence_errors, sentence_words)
+                 onset_errors(ref, matches, hyp), sentence_errors, sentence_words, start_errors,
+                 start_words)
 
 
 def paired_difference(a: list[Score], b: list[Score], draws: int = 2000,

@@ -57,7 +57,14 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.model import ModelBundle, load_bundle  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
-from scripts.corpus import DEFAULT_DIR, Score, load_index, paired_difference, score  # noqa: E402
+from scripts.corpus import (  # noqa: E402
+    DEFAULT_DIR,
+    START_WORDS,
+    Score,
+    load_index,
+    paired_difference,
+    score,
+)
 from scripts.corpus import summary as corpus_summary  # noqa: E402
 from tests.server_client import running_server  # noqa: E402
 
@@ -248,11 +255,17 @@ def per_system(results: list[Result], systems: list[str], cell) -> str:
     return " / ".join(cell([r.scores[s] for r in results if s in r.scores]) for s in systems)
 
 
+def start_wer(scores: list[Score]) -> str:
+    """The WER of the sentences' first words (`Score.start_errors`)."""
+    return f"{sum(x.start_errors for x in scores) / max(1, sum(x.start_words for x in scores)):.1%}"
+
+
 def words_table(results: list[Result], systems: list[str]) -> str:
     joined = " / ".join(systems)
     paired = "stream" in systems and "offline" in systems
     header = ["condition", "clips", "audio min", "speech min", *(f"WER {s}" for s in systems),
               *(["stream - offline, points (95% interval)"] if paired else []),
+              f"WER of sentences' first {START_WORDS} words ({joined})",
               f"longest drop s, in brackets of words not found ({joined})",
               f"words in gaps, inserted ones in brackets ({joined})"]
     rows = []
@@ -265,13 +278,14 @@ def words_table(results: list[Result], systems: list[str]) -> str:
             diff, low, high = paired_difference([r.scores["stream"] for r in both],
                                                 [r.scores["offline"] for r in both])
             wers_cells.append(f"{100 * diff:+.1f} ({100 * low:+.1f} to {100 * high:+.1f})")
+        starts = per_system(group, systems, start_wer)
         drop = per_system(group, systems, lambda sc: f"{max(x.drop_s for x in sc):.1f} "
                           f"({max(x.unmatched_s for x in sc):.1f})")
         gaps = per_system(group, systems, lambda sc: f"{sum(x.gap_words for x in sc)} "
                           f"({sum(x.gap_inserted for x in sc)})")
         rows.append([name, str(len(group)), f"{sum(r.clip.seconds for r in group) / 60:.1f}",
                      f"{sum(r.clip.speech_seconds for r in group) / 60:.1f}",
-                     *wers_cells, drop, gaps if has_long_gaps(group) else "-"])
+                     *wers_cells, starts, drop, gaps if has_long_gaps(group) else "-"])
     return markdown(header, rows)
 
 

@@ -228,6 +228,7 @@ def test_score_on_a_hand_made_manifest():
     assert result.gap_words == 2 and result.gap_inserted == 2
     assert result.onset_errors == [0.1]  # the second sentence's first word is missing
     assert result.sentence_errors == [0, 4] and result.sentence_words == [6, 7]
+    assert (result.start_errors, result.start_words) == (2, 4)  # 'mister smith' heard as 'thank you'
     # 'mister smith went' not found (15 of 30 characters of 2 s), of which one word is
     # missing (two are heard as 'thank you'): 'mister', the longest lone word missing
     assert result.unmatched_s == pytest.approx(1.0)
