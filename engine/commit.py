@@ -17,6 +17,8 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   and moves to the end of the last one, as offline Whisper seeks; with none, it commits the
   words that end before its last 5 s and moves there.
 - A window over 15 s is cut at its committed end, so that decodes stay short.
+- A full window or a file's final whose decode passed over seconds of speech commits only what
+  came before it (the stream's `_unskipped`; a final then reads that speech again, cut short).
 """
 
 from __future__ import annotations

@@ -95,8 +95,7 @@ class Engine:
         if request_id in self.streams:
             raise ValueError(f"request {request_id!r} already exists")
         stream = Stream(request_id, self.config, self._hash_key, self.bundle.tokenizer.timestamp_begin,
-                        self.bundle.model.dims.n_mels)
-        stream.request.background = background
+                        self.bundle.model.dims.n_mels, background)
         self.streams[request_id] = stream
         self.scheduler.add_request(stream.request)
 

@@ -22,6 +22,9 @@ HEARD_SPEECH_MS = 500
 ONSET_LEAD_MS = 1000  # a first word in a run of speech starts at most this much later than the run
 WORD_SLACK_MS = 300  # `unheard`: speech this near a word may be that word's ...
 LONG_WORD_EDGE_MS = 500  # ... and a word longer than twice this covers this much at each edge
+UNHEARD_SPEECH_MS = 2000  # this much VAD speech between a window's words is speech it skipped
+ONSET_PAD_MS = 200  # a window starts this far before a speech onset (the VAD hears onsets late)
+PAUSE_MS = 300  # a window cut short ends at a pause of this much
 
 
 class SpeechMap:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,7 +27,15 @@ from engine.model_runner import WindowResult
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
-from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SpeechMap
+from engine.speech_map import (
+    LEAD_IN_MS,
+    LONG_SILENCE_MS,
+    ONSET_PAD_MS,
+    PAUSE_MS,
+    UNHEARD_SPEECH_MS,
+    WORD_SLACK_MS,
+    SpeechMap,
+)
 from engine.timeline import (
     item_positions,
     ms_to_positions,
@@ -102,9 +110,10 @@ class PaddingMap:
 
 class Stream:
     def __init__(self, request_id: str, config: EngineConfig, key: bytes, timestamp_begin: int,
-                 n_mels: int = 80):
+                 n_mels: int = 80, background: bool = False):
         self.config = config
         self.request = Request(request_id)
+        self.request.background = background
         self.framer = AudioFramer(config.item_samples)
         self.floor = LogFloor(n_mels)
         self.vad = SpeechDetector()  # fed the timeline's samples, padding included
@@ -120,10 +129,16 @@ class Stream:
         # window start -> (window end, tokens) of the last decode from there: the draft of the
         # next decode of a window with that start (the window's and the preview's, at most two)
         self.drafts: dict[int, tuple[int, list[int]]] = {}
+        self.split = (-1, 0)  # (window start, end) of the last final ended early at skipped speech
         self.key = key
         self.timestamp_begin = timestamp_begin
         self.item_positions = item_positions(config.item_samples)  # 4 for 80 ms
         endpoint_ms = config.endpoint_ms
+        if background and endpoint_ms is not None:
+            # a file's audio is there before its decode: no final waits for a pause, and its
+            # windows end at long silences only, as offline `transcribe`'s; between them they
+            # run 30 s and seek, and each utterance is read with the speech after it
+            endpoint_ms = max(endpoint_ms, LONG_SILENCE_MS)
         self.endpoint_positions = ms_to_positions(endpoint_ms) if endpoint_ms is not None else None
 
     @property
@@ -322,9 +337,18 @@ class Stream:
         self.drafts[facts.start] = (facts.end, result.tokens)
         if result.temperature > 0.5:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
-        plan = commit.plan(facts, ms_to_positions(self.config.decode_interval_ms),
-                           self.config.agree_after)
-        update = self._commit(plan, self.speech.fit(result.words, floor_ms=positions_to_ms(facts.start)))
+        interval = ms_to_positions(self.config.decode_interval_ms)
+        plan = commit.plan(facts, interval, self.config.agree_after)
+        words = self.speech.fit(result.words, floor_ms=positions_to_ms(facts.start))
+        # a live final's window ends at the utterance's pause (a stretch it skips is retried
+        # from the committed end, `commit.new_window_start`); a file's runs to a long silence
+        if plan.action is commit.Action.WHOLE or (plan.action is commit.Action.FINAL and request.background):
+            facts, words, skipped = self._unskipped(facts, words)
+            if skipped:  # a final to the pause after the skipped speech comes next
+                plan = commit.Plan(commit.Action.AGREE)
+            elif plan.action is commit.Action.WHOLE:
+                plan = commit.plan(facts, interval, self.config.agree_after)
+        update = self._commit(plan, words)
         end_ms = policy.committed_end_ms
         final = plan.action is commit.Action.FINAL
         # a final that committed nothing new: the speech past the committed words went unheard
@@ -358,6 +382,42 @@ class Stream:
         complete = ms_to_positions(result.complete_ms) if result.complete_ms is not None else None
         return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
                                   complete, positions_to_ms(end) - self.policy.committed_end_ms)
+
+    def _unskipped(self, facts: commit.WindowFacts,
+                   words: list[Word]) -> tuple[commit.WindowFacts, list[Word], bool]:
+        """A decode committed whole (a final, or up to its last complete segment), made not to
+        pass over speech, as offline `transcribe`'s `_mind_the_gap` -> (its facts, the words
+        that count, whether none do). Where the VAD heard seconds of speech past the committed
+        words that no word covers (the decoder skipped a sentence, often one that repeats the
+        prompt's), a full window keeps the words before it and goes on from there; a file's
+        final, or a window that skipped from its start, keeps none, and a final to the first
+        pause after seconds of that speech is due next (once per window start and pause),
+        which reads that audio cut short. A full window then starts before speech that begins
+        after its last word kept: a late segment end cuts off its onset."""
+        speech = self.speech
+        start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
+        end_ms = positions_to_ms(facts.end if facts.final else facts.complete or 0)
+        hole = speech.unheard(start_ms, end_ms, words, UNHEARD_SPEECH_MS)
+        if hole is not None:
+            kept = [w for w in words if w.end_ms <= hole[0]]
+            if not kept or facts.final:
+                pause = speech.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
+                end = ms_to_positions(min(hole[1], pause + ONSET_PAD_MS)) if pause is not None else 0
+                endpoints = self.request.endpoints
+                again = self.split[0] == facts.start and end <= self.split[1]
+                if again or not facts.start < end < (endpoints[0] if endpoints else facts.end):
+                    return facts, words, False  # no pause to end it at, or read so already: as decoded
+                endpoints.appendleft(end)
+                self.split = (facts.start, end)
+                return facts, [], True
+            words, end_ms = kept, kept[-1].end_ms
+        if facts.final:
+            return facts, words, False
+        if words:
+            onset = speech.onset_within(words[-1].end_ms + WORD_SLACK_MS, end_ms)
+            if onset is not None:
+                end_ms = max(words[-1].end_ms, onset - ONSET_PAD_MS)
+        return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
 
     def _commit(self, plan: commit.Plan, words: list[Word]) -> PolicyUpdate:
         policy, action = self.policy, plan.action

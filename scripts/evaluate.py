@@ -8,6 +8,8 @@ recordings of the earlier evaluation set). Each clip goes through
   (stereo downmixed by the client), real-time pace in 100 ms chunks (`--fast`: as fast as the
   socket takes it); final latency p50/p95 (a final's arrival minus when the audio up to the
   known end of the sentence it ends in was sent), time to first partial;
+- `file`: the file over HTTP, as Deepgram's pre-recorded `POST /v1/listen` takes it (a
+  background request of the same server's engine; 4 files at once), with its words' times;
 - `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm) on the file at 16 kHz, with
   its word times (aligned from cross-attention, as streaming's);
 - `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, greedy, with its word
@@ -22,7 +24,7 @@ sentence-onset error p50/p95 (|hypothesis start of a sentence's matched first wo
 onset|); and for streaming the latencies.
 
     scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
-        [--conditions level-30 ...] [--skip stream offline fw-int8] [--json out.json] [--doc]
+        [--conditions level-30 ...] [--skip stream file offline fw-int8] [--json out.json] [--doc]
     scripts/dev.sh run python scripts/evaluate.py --rescore out.json [--doc]
 """
 
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +71,7 @@ from scripts.corpus import (  # noqa: E402
 from scripts.corpus import summary as corpus_summary  # noqa: E402
 from tests.server_client import running_server  # noqa: E402
 
-SYSTEMS = ["stream", "offline", "fw-int8"]
+SYSTEMS = ["stream", "file", "offline", "fw-int8"]
 Words = list[tuple[float, float, str]]  # (start s, end s, text)
 
 
@@ -195,6 +198,32 @@ async def stream_all(results: list[Result], parallel: int, fast: bool, config: E
     async with running_server(folder, config, model=model, max_sessions=max(16, parallel)) as server:
         base = f"ws://127.0.0.1:{server.port}/v1/listen"  # stream_clip adds the query
         await asyncio.gather(*(one(base, r) for r in longest_first))
+
+
+def post_clip(url: str, result: Result) -> Words:
+    """The clip's file as a client sends it to Deepgram's pre-recorded `POST /v1/listen`."""
+    request = urllib.request.Request(url, data=result.clip.path.read_bytes(),
+                                     headers={"Content-Type": "audio/wav"})
+    with urllib.request.urlopen(request, timeout=3600) as response:
+        body = json.load(response)
+    words = body["results"]["channels"][0]["alternatives"][0]["words"]
+    return [(w["start"], w["end"], w["punctuated_word"]) for w in words]
+
+
+async def files_all(results: list[Result], config: EngineConfig, model: ModelBundle) -> None:
+    """Each clip as a file over HTTP (a background request of the engine), 4 at once."""
+    gate = asyncio.Semaphore(4)
+
+    async def one(url: str, result: Result) -> None:
+        async with gate:
+            start = time.monotonic()
+            words = await asyncio.to_thread(post_clip, url, result)
+            result.add("file", words, time.monotonic() - start)
+
+    folder = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
+    async with running_server(folder, config, model=model, max_uploads=4) as server:
+        url = f"http://127.0.0.1:{server.port}/v1/listen?punctuate=true"
+        await asyncio.gather(*(one(url, r) for r in sorted(results, key=lambda r: -r.clip.seconds)))
 
 
 def offline_all(results: list[Result], model: ModelBundle) -> None:
@@ -372,12 +401,15 @@ def rescore(path: Path, results: list[Result]) -> list[str]:
 def run_systems(args: argparse.Namespace, results: list[Result]) -> list[str]:
     systems = []
     model = load_bundle(device="cpu", bf16=False if args.no_bf16 else None, int8=args.int8)
+    config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
+                          preview_pad_seconds=args.preview_pad_seconds or None,
+                          worker_process=True)  # as `voxtide serve`
     if "stream" not in args.skip:
-        config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
-                              preview_pad_seconds=args.preview_pad_seconds or None,
-                              worker_process=True)  # as `voxtide serve`
         asyncio.run(stream_all(results, args.parallel, args.fast, config, model))
         systems.append("stream")
+    if "file" not in args.skip:
+        asyncio.run(files_all(results, config, model))
+        systems.append("file")
     if "offline" not in args.skip:
         offline_all(results, model)
         systems.append("offline")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from audio.vad import CHUNK_SAMPLES
 from engine.commit import (
     FORCE_KEEP_POSITIONS,
     RETRY_SPEECH_MS,
@@ -13,7 +14,13 @@ from engine.commit import (
     new_window_start,
     plan,
 )
-from engine.speech_map import SpeechMap
+from engine.config import EngineConfig
+from engine.model_runner import WindowResult
+from engine.scheduler import Scheduler
+from engine.speech_map import LONG_SILENCE_MS, ONSET_PAD_MS, SpeechMap
+from engine.stream import Stream
+from engine.timeline import ms_to_positions
+from engine.words import Word
 
 INTERVAL = 50  # a 1 s decode interval, in positions
 
@@ -96,3 +103,81 @@ def test_a_full_window_without_a_whole_segment_commits_all_but_its_last_5_s(comp
     # cut at the committed end, or with nothing committed there (or silence) 5 s before the end
     assert new_window_start(full, Action.FORCE, 1200) == (1300 if silence else 1200)
     assert new_window_start(full, Action.FORCE, 100) == 1300
+
+
+def words(text: str, start_ms: int, step_ms: int = 300) -> list[Word]:
+    return [Word(f" {w}", start_ms + i * step_ms, start_ms + (i + 1) * step_ms)
+            for i, w in enumerate(text.split())]
+
+
+def speech_stream(runs_ms: list[tuple[int, int]], background: bool = False) -> Stream:
+    """A stream whose VAD heard speech in these runs (ms), as Engine.hear would tell it."""
+    stream = Stream("s", EngineConfig(), b"k" * 16, timestamp_begin=50363, background=background)
+    end = max(b for _, b in runs_ms) + 2000
+    chunk_ms = CHUNK_SAMPLES * 1000 // 16000
+    probs = np.array([float(any(a <= k * chunk_ms < b for a, b in runs_ms))
+                      for k in range(end // chunk_ms)], np.float32)
+    stream.speech.push(probs)
+    return stream
+
+
+def test_a_files_windows_end_at_long_silences_only():
+    """A live session's final falls due at a short pause; a file's audio is there before its
+    decode, so its windows run on to a long silence and seek, as offline `transcribe`'s."""
+    assert speech_stream([(0, 1000)]).endpoint_positions == ms_to_positions(EngineConfig.endpoint_ms)
+    assert speech_stream([(0, 1000)], background=True).endpoint_positions == ms_to_positions(LONG_SILENCE_MS)
+
+
+def test_a_files_final_that_skips_speech_commits_nothing_and_is_decoded_again_to_the_pause():
+    """The decoder jumped from the first words to the sentence after a pause, leaving 7 s the
+    VAD heard as speech: nothing of it counts, and the next final ends at that pause."""
+    stream = speech_stream([(0, 10_000), (11_000, 14_000)], background=True)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(14_400)
+    request.endpoints.append(ms_to_positions(14_400))
+    skipping = words("the first words", 0) + words("then the last sentence", 11_000, 700)
+    out = stream.apply(WindowResult("s", skipping, final=True))
+    assert out.committed == [] and request.window_start == 0
+    assert list(request.endpoints) == [ms_to_positions(10_000 + ONSET_PAD_MS), ms_to_positions(14_400)]
+    assert Scheduler.final_due(request)
+
+    request.num_decoded_positions = request.endpoints[0]  # that final, read whole this time
+    whole = words("the first words and all the rest of the sentence up to the pause", 0, 600)
+    out = stream.apply(WindowResult("s", whole, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in whole]
+    assert list(request.endpoints) == [ms_to_positions(14_400)]
+
+
+def test_a_window_cut_at_a_complete_segment_starts_before_the_next_onset():
+    """Whisper's seek moves a full window to its last complete segment's end, which may lie
+    past the onset of the next sentence; the next window starts before that onset."""
+    stream = speech_stream([(0, 28_400), (29_200, 31_000)])
+    stream.add_audio(np.zeros(31 * 16000, np.float32))  # (the audio itself is not read here)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(30_000)
+    said = words(" ".join(["word"] * 71), 0, 400)  # up to 28.4 s
+    out = stream.apply(WindowResult("s", said, final=False, complete_ms=29_280))
+    assert len(out.committed) == 71
+    assert ms_to_positions(28_400) <= request.window_start <= ms_to_positions(29_200 - ONSET_PAD_MS)
+
+
+def test_a_final_ended_early_at_skipped_speech_is_not_ended_there_twice():
+    """Where the final cut short reads nothing either (speech too faint for the model), the
+    whole final's words are kept as decoded: a window is ended early once per pause. (A live
+    final, one utterance to its pause, is retried from its committed end instead.)"""
+    live = speech_stream([(0, 10_000), (11_000, 14_000)])
+    live.request.num_decoded_positions = ms_to_positions(14_400)
+    skipping = words("the first words", 0) + words("then the last sentence", 11_000, 700)
+    assert len(live.apply(WindowResult("s", skipping, final=True)).committed) == len(skipping)
+
+    stream = speech_stream([(0, 10_000), (11_000, 14_000)], background=True)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(14_400)
+    request.endpoints.append(ms_to_positions(14_400))
+    assert stream.apply(WindowResult("s", skipping, final=True)).committed == []
+    request.num_decoded_positions = request.endpoints[0]
+    assert stream.apply(WindowResult("s", [], final=True, silence=True)).committed == []
+    request.num_decoded_positions = ms_to_positions(14_400)
+    out = stream.apply(WindowResult("s", skipping, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in skipping]
+    assert not request.endpoints

@@ -690,17 +690,20 @@ def longest_missing_run(reference: str, text: str) -> int:
     return longest
 
 
-def test_audio_pushed_far_ahead_loses_no_passage():
-    """A session whose audio all arrives at once (a file, a replay) is decoded final window by
-    final window, each reaching back to the utterance kept as context. Whisper, given that
+@pytest.mark.parametrize("background", [False, True])
+def test_audio_pushed_far_ahead_loses_no_passage(background):
+    """A session whose audio all arrives at once (a replay) is decoded final window by final
+    window, each reaching back to the utterance kept as context. Whisper, given that
     utterance again, may end its text there: the final is then decoded again from its
-    committed end, and every passage is kept (it used to drop one of these 11 s)."""
+    committed end, and every passage is kept (it used to drop one of these 11 s). A file
+    (`background`) is decoded in 30 s windows that seek, as offline: where the decoder skips
+    a repeated passage, the window is decoded again up to the pause after it."""
     first, second = (audio(librivox_path(c)) for c in ("0930", "0890"))
     text = transcripts()
     one = torch.cat([first, torch.zeros(40000), second])
     reference = " ".join([text[librivox_path("0930")] + " " + text[librivox_path("0890")]] * 4)
     engine = Engine(bundle())
-    engine.add_request("s")
+    engine.add_request("s", background=background)
     engine.add_audio("s", torch.cat([one] * 4).numpy())
     engine.finish("s")
     words = []

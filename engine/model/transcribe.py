@@ -25,16 +25,22 @@ from engine.model.decoding import (
     decode,
 )
 from engine.model.timing import align
-from engine.speech_map import LEAD_IN_MS, LONG_SILENCE_MS, SNAP_MS, WORD_SLACK_MS, SpeechMap
+from engine.speech_map import (
+    LEAD_IN_MS,
+    LONG_SILENCE_MS,
+    ONSET_PAD_MS,
+    PAUSE_MS,
+    SNAP_MS,
+    UNHEARD_SPEECH_MS,
+    WORD_SLACK_MS,
+    SpeechMap,
+)
 from engine.timeline import SAMPLE_RATE, positions_to_seconds, seconds_to_ms
 from engine.words import Segment, aligned_words, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
 VAD_THRESHOLD = EngineConfig.vad_threshold
-UNHEARD_SPEECH_MS = 2000  # this much VAD speech between a window's words is speech it skipped
-ONSET_PAD_MS = 200  # a window starts this far before a speech onset (the VAD hears onsets late)
-PAUSE_MS = 300  # a window cut short ends at a pause of this much
 TAIL_MS = 500  # a window that ends at a long silence keeps this much of it
 
 
