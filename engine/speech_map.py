@@ -86,6 +86,20 @@ class SpeechMap:
                 return self.ends[k]
         return None
 
+    def skip_end(self, hole: tuple[int, int]) -> int | None:
+        """Where a window that skipped the speech of `hole` (`unheard`) ends when it is decoded
+        again: ONSET_PAD_MS into the first pause after UNHEARD_SPEECH_MS of that speech, or
+        where its words resume (None: no such pause heard)."""
+        pause = self.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
+        return None if pause is None else min(hole[1], pause + ONSET_PAD_MS)
+
+    def resume_at(self, last_ms: int, end_ms: int) -> int | None:
+        """Where a window consumed up to `end_ms` goes on after its last word kept (ending at
+        `last_ms`) when speech begins between them: before that onset, as a late segment end
+        cuts it off (None: no onset there)."""
+        onset = self.onset_within(last_ms + WORD_SLACK_MS, end_ms)
+        return None if onset is None else max(last_ms, onset - ONSET_PAD_MS)
+
     def speech_ms(self, start_ms: int, end_ms: int) -> int:
         """How much of [start_ms, end_ms) the VAD heard as speech."""
         k = bisect.bisect_right(self.ends, start_ms)  # the first run ending after start_ms

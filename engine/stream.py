@@ -30,10 +30,7 @@ from engine.scheduler import ScheduledWindow
 from engine.speech_map import (
     LEAD_IN_MS,
     LONG_SILENCE_MS,
-    ONSET_PAD_MS,
-    PAUSE_MS,
     UNHEARD_SPEECH_MS,
-    WORD_SLACK_MS,
     SpeechMap,
 )
 from engine.timeline import (
@@ -401,8 +398,8 @@ class Stream:
         if hole is not None:
             kept = [w for w in words if w.end_ms <= hole[0]]
             if not kept or facts.final:
-                pause = speech.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
-                end = ms_to_positions(min(hole[1], pause + ONSET_PAD_MS)) if pause is not None else 0
+                skip_end = speech.skip_end(hole)
+                end = ms_to_positions(skip_end) if skip_end is not None else 0
                 endpoints = self.request.endpoints
                 again = self.split[0] == facts.start and end <= self.split[1]
                 if again or not facts.start < end < (endpoints[0] if endpoints else facts.end):
@@ -413,10 +410,9 @@ class Stream:
             words, end_ms = kept, kept[-1].end_ms
         if facts.final:
             return facts, words, False
-        if words:
-            onset = speech.onset_within(words[-1].end_ms + WORD_SLACK_MS, end_ms)
-            if onset is not None:
-                end_ms = max(words[-1].end_ms, onset - ONSET_PAD_MS)
+        resume = speech.resume_at(words[-1].end_ms, end_ms) if words else None
+        if resume is not None:
+            end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
 
     def _commit(self, plan: commit.Plan, words: list[Word]) -> PolicyUpdate:

@@ -28,11 +28,8 @@ from engine.model.timing import align
 from engine.speech_map import (
     LEAD_IN_MS,
     LONG_SILENCE_MS,
-    ONSET_PAD_MS,
-    PAUSE_MS,
     SNAP_MS,
     UNHEARD_SPEECH_MS,
-    WORD_SLACK_MS,
     SpeechMap,
 )
 from engine.timeline import SAMPLE_RATE, positions_to_seconds, seconds_to_ms
@@ -158,8 +155,8 @@ def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[S
             new, consumed = kept, kept[-1].words[-1].end_ms / 1000 - offset
         else:
             # the words after the skip are aligned stretched over it: cut at a pause instead
-            pause = speech.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
-            cut = hole[1] if pause is None else min(hole[1], pause + ONSET_PAD_MS)
+            cut = speech.skip_end(hole)
+            cut = hole[1] if cut is None else cut
             frames = round(cut / 1000 * FRAMES_PER_SECOND) - seek
             if frames < round(consumed * FRAMES_PER_SECOND):  # speech after it to cut away
                 result, new, consumed = _decode_window(bundle, mel, seek, frames, history, speech)
@@ -167,9 +164,9 @@ def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[S
                     return [], frames / FRAMES_PER_SECOND
     last = max((s.words[-1].end_ms for s in new if s.words), default=None)
     if last is not None:
-        onset = speech.onset_within(last + WORD_SLACK_MS, seconds_to_ms(offset + consumed))
-        if onset is not None:
-            consumed = max(last, onset - ONSET_PAD_MS) / 1000 - offset
+        resume = speech.resume_at(last, seconds_to_ms(offset + consumed))
+        if resume is not None:
+            consumed = resume / 1000 - offset
     return new, consumed
 
 
