@@ -109,8 +109,7 @@ class Stream:
     def __init__(self, request_id: str, config: EngineConfig, key: bytes, timestamp_begin: int,
                  n_mels: int = 80, background: bool = False):
         self.config = config
-        self.request = Request(request_id)
-        self.request.background = background
+        self.request = Request(request_id, background=background)
         self.framer = AudioFramer(config.item_samples)
         self.floor = LogFloor(n_mels)
         self.vad = SpeechDetector()  # fed the timeline's samples, padding included

@@ -53,6 +53,7 @@ from websockets.exceptions import ConnectionClosed
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.config import ServerConfig  # noqa: E402
 from app.replay import percentile, result_end_ms, result_words, utterance_end_ms, with_client_query  # noqa: E402
 from audio.container import load_audio  # noqa: E402
 from audio.io import SAMPLE_RATE, float_to_pcm16  # noqa: E402
@@ -211,8 +212,9 @@ def post_clip(url: str, result: Result) -> Words:
 
 
 async def files_all(results: list[Result], config: EngineConfig, model: ModelBundle) -> None:
-    """Each clip as a file over HTTP (a background request of the engine), 4 at once."""
-    gate = asyncio.Semaphore(4)
+    """Each clip as a file over HTTP (a background request of the engine), as many at once
+    as the server takes (`ServerConfig.max_uploads`)."""
+    gate = asyncio.Semaphore(ServerConfig.max_uploads)
 
     async def one(url: str, result: Result) -> None:
         async with gate:
@@ -221,7 +223,7 @@ async def files_all(results: list[Result], config: EngineConfig, model: ModelBun
             result.add("file", words, time.monotonic() - start)
 
     folder = Path(tempfile.mkdtemp(prefix="voxtide-eval-"))
-    async with running_server(folder, config, model=model, max_uploads=4) as server:
+    async with running_server(folder, config, model=model) as server:
         url = f"http://127.0.0.1:{server.port}/v1/listen?punctuate=true"
         await asyncio.gather(*(one(url, r) for r in sorted(results, key=lambda r: -r.clip.seconds)))
 
