@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import dataclass
-from importlib import resources
+from importlib.util import find_spec
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,15 +40,24 @@ _model: torch.jit.ScriptModule | None = None
 _model_lock = threading.Lock()
 
 
+def weights_path() -> Path:
+    """Silero's TorchScript file in the installed package, found without importing it: the
+    package's `model` module sets torch's thread count to 1 for the whole process on import,
+    which would leave the model (in this process, or in a worker started after) one core."""
+    spec = find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the silero-vad package is not installed (pip install silero-vad)")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.jit"
+
+
 def speech_model() -> torch.jit.ScriptModule:
     """Silero's 16 kHz network, loaded once per process from the package's data."""
     global _model
     with _model_lock:
         if _model is None:
-            path = resources.files("silero_vad.data") / "silero_vad.jit"
-            with resources.as_file(path) as file, warnings.catch_warnings():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.load's notice
-                wrapper = torch.jit.load(str(file), map_location="cpu")
+                wrapper = torch.jit.load(str(weights_path()), map_location="cpu")
             _model = wrapper._model  # the 16 kHz network: (chunk with context, state) in
             _model.eval()
     return _model

@@ -14,6 +14,13 @@ the engine uses as its `stop_partials`). If the worker dies, the step in flight 
 WorkerError; the engine starts a new worker (`restart`) and schedules the step's windows
 again. A worker whose server died (kill -9) exits within `PARENT_POLL_S`: the pipe's end
 tells it only once it is waiting for a step.
+
+The worker takes this process's torch threads with it: while one runs, this process's own
+torch work (the VAD, a few small ops a chunk) runs on one thread. At two threads here too, each
+of its small ops would wake a second thread that spins on a core the worker computes on, and
+the worker's steps, split over both cores, would wait for it: finals fall tens of seconds
+behind (docs/performance.md). The threads come back when the last worker of the process is
+closed.
 """
 
 from __future__ import annotations
@@ -124,8 +131,36 @@ class Inject:
     features: list[torch.Tensor]
 
 
+class _LentThreads:
+    """This process's torch threads while workers compute on its cores: one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.workers = 0
+        self.threads = 0  # the process's threads before the first worker took them
+
+    def take(self) -> int:
+        """For a new worker -> the threads it runs with (this process keeps one)."""
+        with self._lock:
+            if self.workers == 0:
+                self.threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+            self.workers += 1
+            return self.threads
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.workers -= 1
+            if self.workers == 0:
+                torch.set_num_threads(self.threads)
+
+
+_lent = _LentThreads()
+
+
 class RunnerProcess:
-    """A ModelRunner in a worker process; one step at a time."""
+    """A ModelRunner in a worker process; one step at a time. The worker runs with this
+    process's torch threads, and this process keeps one until `close()`."""
 
     def __init__(self, bundle: ModelBundle, pad_seconds: int | None = None,
                  preview_pad_seconds: int | None = None, processor_cache_bytes: int = 64 << 20):
@@ -133,9 +168,14 @@ class RunnerProcess:
         self._mp = mp.get_context("spawn")
         self.stop_event = self._mp.Event()
         self._lock = threading.Lock()  # a step's send and its reply belong together
+        self.num_threads = _lent.take()
         self._args = (self.stop_event, bundle, pad_seconds, preview_pad_seconds,
-                      processor_cache_bytes, torch.get_num_threads())
-        self._start()
+                      processor_cache_bytes, self.num_threads)
+        try:
+            self._start()
+        except BaseException:
+            _lent.give_back()
+            raise
 
     def _start(self) -> None:
         self._conn, child = self._mp.Pipe()
@@ -209,7 +249,10 @@ class RunnerProcess:
     def close(self) -> None:
         """Ask the worker to exit; terminate it if it does not."""
         with self._lock:
+            if self.closed:
+                return
             self.closed = True
+            _lent.give_back()
             if not self._conn.closed:
                 try:
                     self._conn.send(None)

@@ -1,4 +1,7 @@
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,6 +171,17 @@ def test_vad_finds_speech_turns_in_real_recordings_at_any_level(db):
     assert 1000 <= events[0].ms < 1600
     assert start_2 <= events[2].ms < start_2 + 600
     assert events[1].ms < start_2 - 500  # stopped within the gap, before the next turn
+
+
+def test_loading_the_vad_leaves_torchs_threads_alone():
+    """silero-vad's own module sets torch's threads to 1 when imported: loading its weights
+    must not, or the model in this process (offline transcribe, tests, a thread worker) would
+    run on one core. A fresh interpreter, where the VAD was not loaded yet."""
+    code = ("import torch; torch.set_num_threads(2); from audio.vad import speech_model; "
+            "speech_model(); print(torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split() == ["2"]
 
 
 @pytest.mark.parametrize("kind", ["white", "pink"])

@@ -576,6 +576,28 @@ def test_the_model_in_a_worker_process_gives_the_same_words_and_is_stopped_alike
     assert out.finished and out.error.startswith("WorkerError")
 
 
+def test_the_worker_takes_the_torch_threads_and_gives_them_back():
+    """A worker runs with this process's torch threads while this process keeps one (its VAD
+    at two threads would spin on the worker's cores); closed, the threads come back, so a
+    server started after it (a second capacity run) gets a worker with them again."""
+    threads = torch.get_num_threads()
+    assert threads == 2  # tests/helpers.py
+    samples = audio(librivox_path("0920")).numpy()[:32000]
+    for _ in range(2):
+        engine = Engine(bundle(), EngineConfig(worker_process=True))
+        try:
+            assert torch.get_num_threads() == 1
+            engine.add_request("s")
+            engine.add_audio("s", samples)
+            engine.finish("s")
+            output = engine.execute(engine.schedule())
+            assert output.num_threads == threads  # what the worker ran the step with
+        finally:
+            engine.close()
+            engine.close()  # twice: the threads come back once
+        assert torch.get_num_threads() == threads
+
+
 def test_a_model_too_big_for_dev_shm_runs_in_a_thread(monkeypatch, caplog):
     """Sharing weights with the worker puts them in /dev/shm (64 MB in a default container,
     and writing past it is a SIGBUS): a model that does not fit stays in this process."""
