@@ -2,7 +2,11 @@
 
 Per step: one batched conv-stem call for every new audio item of every session (deduped by
 content hash), one batched transformer call over all scheduled windows, then one batched
-greedy decode of all windows (prompts left-padded, finished rows leave the batch). Host
+greedy decode of all windows (prompts left-padded, finished rows leave the batch). On the
+CPU a step that may be given up for a final (partials, previews, files) runs its windows in
+batches of at most one 30 s window's positions instead: there a batch costs the sum of its
+windows' passes, and a final that falls due waits for the batch in flight, so it then waits
+for about one window's pass, not for a dozen previews. Host
 arrays enter through torch.from_numpy; nothing is copied back from the device but the
 decoded token ids.
 
@@ -187,7 +191,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inp: ModelInput, stop: Callable[[], bool] | None = None) -> RunnerOutput:
         """Encode the new items, run the transformer over every window, decode them: windows
-        and previews each as one batch (their padded lengths differ). A window's draft (its
+        and previews each as one batch (their padded lengths differ; on the CPU, a step that
+        may be given up in batches of one 30 s window's positions). A window's draft (its
         previous decode) is verified instead of generated token by token.
 
         A step of partials (and background windows) only is given up once `stop()` says so
@@ -212,15 +217,21 @@ class ModelRunner:
                 groups.setdefault(window.preview, []).append(w)
             else:  # a flush or finish with no new audio, or no speech in it: nothing to decode
                 result.results.append(WindowResult(window.request_id, [], window.final, silence=True))
-        cancelled = False
+        batches = []
         for preview, windows in groups.items():
+            length = self.padded_length(max(w.window.window_end - w.window.window_start
+                                            for w in windows), preview)
+            size = len(windows)
+            if stop is not None and self.device.type == "cpu":
+                size = max(1, MAX_WINDOW_POSITIONS // length)
+            batches += [(preview, length, windows[i : i + size]) for i in range(0, len(windows), size)]
+        cancelled = False
+        for preview, length, windows in batches:
             if cancelled or (stop is not None and stop()):
                 cancelled = True
                 result.results += [WindowResult(w.request_id, [], False, preview, cancelled=True)
                                    for w in windows]
                 continue
-            length = self.padded_length(max(w.window.window_end - w.window.window_start
-                                            for w in windows), preview)
             x = torch.stack([self.gather(w, length) for w in windows])  # (B, length, n_state)
             features = self.model.encoder.transformer(x)  # (B, length, n_state)
             decoded = self.decode_windows(windows, features, stop)

@@ -546,6 +546,58 @@ def test_a_given_up_partials_step_keeps_finished_decodes_and_the_others_tokens_s
     assert len(full) > len(prefix) and full[: len(prefix)] == prefix
 
 
+def test_on_the_cpu_a_step_that_may_be_given_up_runs_in_batches_of_one_windows_positions(monkeypatch):
+    """A final that falls due waits for the transformer call in flight: a step of partials
+    calls it on at most 1,500 positions at a time (three 10 s previews), and asks whether to
+    go on between calls; a step of finals, which nobody gives up, is one call."""
+    samples = audio(librivox_path("0920")).numpy()
+    encoder = bundle().model.encoder
+    transformer, batches = encoder.transformer, []
+
+    def counted(x):
+        batches.append(tuple(x.shape[:2]))
+        return transformer(x)
+
+    monkeypatch.setattr(encoder, "transformer", counted)
+
+    def engine_with_previews(stop_after_first_batch: bool) -> Engine:
+        engine = Engine(bundle(), EngineConfig())
+        for i in range(4):
+            engine.add_request(f"s{i}")
+            engine.add_audio(f"s{i}", samples[: 24000 + 8000 * i])  # 1.5-3 s of speech
+        decode_windows = engine.runner.decode_windows
+
+        def decoded(*args, **kwargs):
+            results = decode_windows(*args, **kwargs)
+            if stop_after_first_batch:
+                engine.stop_partials.set()  # as the engine loop does when a final falls due
+            return results
+
+        monkeypatch.setattr(engine.runner, "decode_windows", decoded)
+        return engine
+
+    engine = engine_with_previews(stop_after_first_batch=True)
+    step = engine.schedule()
+    assert [w.preview for w in step.scheduled.windows] == [True] * 4
+    output = engine.execute(step)
+    assert batches == [(3, 500)]
+    assert [r.cancelled for r in output.results] == [False, False, False, True]
+    assert all(r.words for r in output.results[:3])
+
+    batches.clear()
+    engine = engine_with_previews(stop_after_first_batch=False)
+    output = engine.execute(engine.schedule())
+    assert batches == [(3, 500), (1, 500)] and not any(r.cancelled for r in output.results)
+    engine.update_from_output(output)
+    batches.clear()
+    for i in range(2):
+        engine.finish(f"s{i}")
+    step = engine.schedule()
+    assert [w.final for w in step.scheduled.windows] == [True, True]
+    engine.update_from_output(engine.execute(step))
+    assert batches == [(2, 1500)]
+
+
 def test_the_model_in_a_worker_process_gives_the_same_words_and_is_stopped_alike():
     """With `worker_process` the runner runs in a process of its own (the server's default):
     the same words and timestamps as in-process; stop_partials reaches it; a stopped worker
