@@ -2,13 +2,14 @@
 
 Per step: one batched conv-stem call for every new audio item of every session (deduped by
 content hash), one batched transformer call over all scheduled windows, then one batched
-greedy decode of all windows (prompts left-padded, finished rows leave the batch). On the
-CPU a step that may be given up for a final (partials, previews, files) runs its windows in
-batches of at most one 30 s window's positions instead: there a batch costs the sum of its
-windows' passes, and a final that falls due waits for the batch in flight, so it then waits
-for about one window's pass, not for a dozen previews. Host
+greedy decode of all windows (prompts left-padded, finished rows leave the batch). Host
 arrays enter through torch.from_numpy; nothing is copied back from the device but the
 decoded token ids.
+
+On the CPU a step that may be given up for a final (partials, previews, files) runs its
+windows in batches of at most one 30 s window's positions instead: there a batch costs the
+sum of its windows' passes, and a final that falls due waits for the batch in flight, so it
+waits for about one window's pass, not for a dozen previews.
 
 The runner sees a step only as a `ModelInput`: per window its items' hashes and embedding
 ranges, its prompt and draft, and the PCM of the items it has not computed yet. That is all
