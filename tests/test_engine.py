@@ -21,6 +21,7 @@ from scripts.corpus import align
 from scripts.wer import normalize, word_errors
 from tests.helpers import (
     ARCTIC_IDS,
+    DEVICE,
     audio,
     bundle,
     concatenated,
@@ -546,6 +547,7 @@ def test_a_given_up_partials_step_keeps_finished_decodes_and_the_others_tokens_s
     assert len(full) > len(prefix) and full[: len(prefix)] == prefix
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU a step is one batch")
 def test_on_the_cpu_a_step_that_may_be_given_up_runs_in_batches_of_one_windows_positions(monkeypatch):
     """A final that falls due waits for the transformer call in flight: a step of partials
     calls it on at most 1,500 positions at a time (three 10 s previews), and asks whether to
