@@ -11,7 +11,9 @@ gives the words), the largest lag, the pooled WER, the engine's largest load (th
 the last 20 s spent on steps with a live final, engine/load.py) and the share of the run it
 shed partials (they come 3 times less often). An N given more than once
 (`--sessions 8 8 8`) is run that often, and its p95 range and median are printed too: the
-host's speed drifts from run to run.
+host's speed drifts from run to run. `--repeat N` has each session speak the passage N times:
+its figures weigh the first 20 s, while the engine's load window fills and partials are not
+shed yet, less.
 The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s. With `--upload-seconds S`, a file of S s
 (the passage looped) is sent to POST /v1/audio/transcriptions as the sessions start, to see
 what a long upload costs live sessions (it is a background request: their finals never wait
@@ -50,11 +52,11 @@ from tests.helpers import ARCTIC_IDS, concatenated, librivox_path  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
 
 
-def passages(rotate: int) -> tuple[np.ndarray, str, list[int]]:
-    """The five recordings with 0.8 s pauses, starting from the `rotate`-th -> (audio, its
-    text, the end of each recording in ms: the reference of final latencies)."""
+def passages(rotate: int, repeat: int = 1) -> tuple[np.ndarray, str, list[int]]:
+    """The five recordings with 0.8 s pauses, starting from the `rotate`-th, `repeat` times
+    -> (audio, its text, the end of each recording in ms: the reference of final latencies)."""
     paths = [librivox_path(c) for c in ARCTIC_IDS]
-    paths = paths[rotate:] + paths[:rotate]
+    paths = (paths[rotate:] + paths[:rotate]) * repeat
     samples, reference = concatenated(paths, gap_seconds=0.8)
     ends, t = [], 0
     for path in paths:
@@ -80,9 +82,9 @@ async def upload(port: int, seconds: float) -> float:
 
 
 async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, upload_s: float,
-              stagger_s: float) -> dict:
+              stagger_s: float, repeat: int = 1) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="voxtide-capacity-"))
-    audio = [passages(i % len(ARCTIC_IDS) if rotate else 0) for i in range(n)]
+    audio = [passages(i % len(ARCTIC_IDS) if rotate else 0, repeat) for i in range(n)]
     async with running_server(folder, config, model=model, max_sessions=max(16, n)) as server:
 
         async def one(i: int):
@@ -147,12 +149,14 @@ def main() -> int:
                         help="also transcribe a file this long over HTTP as the sessions start")
     parser.add_argument("--stagger", type=float, default=0.3,
                         help="seconds between two sessions' starts (those the server refuses are counted)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="each session speaks the passage this many times (a longer run)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load_bundle(device=args.device, bf16=False if args.no_bf16 else None, int8=args.int8)
     print(f"model: {precision(model.model)}")
-    samples, _, _ = passages(0)
+    samples, _, _ = passages(0, args.repeat)
     config = EngineConfig(max_num_seqs=args.max_batch, max_partials=args.max_partials,
                           decode_interval_ms=args.decode_interval_ms, pad_seconds=args.pad_seconds,
                           endpoint_ms=args.endpoint_ms or None,
@@ -170,7 +174,8 @@ def main() -> int:
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6} {'load':>5} {'shed':>5}")
     rows = []
     for n in args.sessions:
-        row = asyncio.run(run(n, config, args.rotate, model, args.upload_seconds, args.stagger))
+        row = asyncio.run(run(n, config, args.rotate, model, args.upload_seconds, args.stagger,
+                              args.repeat))
         rows.append(row)
         print(f"{n:8d} {row['p50']:6.2f} {row['p95']:6.2f} {row['max_lag']:7.2f} {row['wer']:6.1%}"
               f" {row['max_load']:5.2f} {row['shedding']:5.0%}"
