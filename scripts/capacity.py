@@ -12,8 +12,8 @@ the last 20 s spent on steps with a live final, engine/load.py) and the share of
 shed partials (they come 3 times less often). An N given more than once
 (`--sessions 8 8 8`) is run that often, and its p95 range and median are printed too: the
 host's speed drifts from run to run. `--repeat N` has each session speak the passage N times:
-its figures weigh the first 20 s, while the engine's load window fills and partials are not
-shed yet, less.
+its prompts (the committed words before a window) then grow to their full length, as in a long
+session, which a 29 s run understates (docs/performance.md).
 The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s. With `--upload-seconds S`, a file of S s
 (the passage looped) is sent to POST /v1/audio/transcriptions as the sessions start, to see
 what a long upload costs live sessions (it is a background request: their finals never wait
