@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from audio.frames import ITEM_SAMPLES
+from engine.model.decoding import MAX_PROMPT_TOKENS
 from engine.scheduler import SchedulerConfig
 from engine.timeline import item_positions, ms_to_positions, seconds_to_positions
 
@@ -32,6 +33,10 @@ class EngineConfig:
     # right after speech, this less 0.15): level-independent, and no words from noise
     vad_threshold: float = 0.5
     agree_after_ms: int = 8000  # with endpointing: agreement commits only past this much audio
+    # tokens of committed words a window's prompt holds at most: a prompt's tokens cost a
+    # decoder position each, in every window, and past a few sentences more of them read no
+    # better (docs/evaluation.md, The prompt's length)
+    prompt_tokens: int = 100
     # -- scheduling
     decode_interval_ms: int = 1000  # new audio between two partial decodes of a session
     decode_only_speech: bool = True  # no decode of a window, or partial, without new speech
@@ -69,6 +74,8 @@ class EngineConfig:
         for name in ("encoder_budget_s", "encoder_cache_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 second, got {getattr(self, name)}")
+        if not 0 <= self.prompt_tokens <= MAX_PROMPT_TOKENS:
+            raise ValueError(f"prompt_tokens must be 0-{MAX_PROMPT_TOKENS}, got {self.prompt_tokens}")
         if not 0.0 < self.vad_threshold < 1.0:
             raise ValueError(f"vad_threshold must be between 0 and 1, got {self.vad_threshold}")
         item_positions(self.item_samples)  # a whole number of positions, or ValueError

@@ -120,7 +120,7 @@ class LocalAgreement:
         """Later windows get no prompt from the words committed so far."""
         self.prompt_floor = len(self.committed)
 
-    def prompt_tokens(self, max_tokens: int = 200, in_window: bool = True,
+    def prompt_tokens(self, max_tokens: int, in_window: bool = True,
                       timestamp_begin: int | None = None) -> list[int]:
         """Tokens of the committed words before the window (those in it get re-decoded);
         `in_window=False`: of all committed words (a window that starts past them). With

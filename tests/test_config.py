@@ -40,6 +40,7 @@ def test_flags_win_over_the_environment_which_wins_over_the_file(tmp_path):
     ("[engine]\nendpoint_ms = 'soon'\n", "endpoint_ms must be int"),
     ("[engine]\nendpoint_ms = 5\n", "endpoint_ms must be 80-10000"),
     ("[server]\nmax_sessions = 0\n", "max_sessions must be at least 1"),
+    ("[engine]\nprompt_tokens = 300\n", "prompt_tokens must be 0-223"),
     ("[engine\n", "cannot read the config file"),
 ])
 def test_bad_settings_are_refused_with_the_fix(tmp_path, text, message):

@@ -386,6 +386,33 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(mo
     assert engine.runner.padded_length(100) == 1500
 
 
+def test_a_windows_prompt_is_the_latest_committed_words_within_prompt_tokens():
+    """The prompt holds at most `prompt_tokens` tokens, timestamps included: the committed
+    words nearest the window, whole."""
+    samples, _ = concatenated([librivox_path("0880"), librivox_path("0920")], gap_seconds=1.0)
+    samples = samples.numpy()
+    engine = Engine(bundle(), EngineConfig(prompt_tokens=8))
+    engine.add_request("s")
+    policy = engine.streams["s"].policy
+    ts_begin = bundle().tokenizer.timestamp_begin
+    prompts, texts = [], []
+    for i in range(0, len(samples), 3200):
+        engine.add_audio("s", samples[i : i + 3200])
+        step = engine.schedule()
+        if step is None:
+            continue
+        (inp,) = step.model_input.windows
+        committed = [t for w in policy.committed for t in w.tokens]
+        text = [t for t in inp.prompt if t < ts_begin]
+        assert len(inp.prompt) <= 8 and text == committed[len(committed) - len(text):]
+        prompts.append(text)
+        (out,) = engine.update_from_output(engine.execute(step))
+        if inp.window.final:
+            texts.append(" ".join(normalize("".join(w.text for w in out.committed))))
+    assert any(prompts) and len(committed) > 8  # the cap cut the prompt
+    assert "young man" in texts[0] and "amiable woman" in texts[1]
+
+
 def test_a_partials_only_step_is_given_up_when_asked_and_a_final_step_is_not():
     """The engine loop asks (stop_partials) when a final falls due during a step of partials:
     the step ends at its next transformer or decoder call, without results."""

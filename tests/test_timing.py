@@ -172,13 +172,13 @@ def test_streaming_prompts_put_each_sentence_between_timestamps():
              (42_200, 42_600), (42_600, 43_000), (75_000, 75_400)]
     policy.flush([Word(t, a, b, [ids["Ġ" + t.strip(" .")]]) for t, (a, b) in zip(texts, times, strict=True)])
     policy.cut_window(80_000)  # every committed word is before the window
-    plain = policy.prompt_tokens()
-    timed = policy.prompt_tokens(timestamp_begin=ts)
+    plain = policy.prompt_tokens(200)
+    timed = policy.prompt_tokens(200, timestamp_begin=ts)
     assert [t for t in timed if t < ts] == plain
     stamps = [(t - ts) * 20 for t in timed if t >= ts]
     # sentences at 0-1.0 s and 2.0-3.0 s from the first word; past 30 s, from 0 again
     assert stamps == [0, 1000, 2000, 3000, 0, 400]
-    assert len(policy.prompt_tokens(max_tokens=5, timestamp_begin=ts)) <= 5
+    assert len(policy.prompt_tokens(5, timestamp_begin=ts)) <= 5
 
 
 def test_offline_silence_of_a_minute_yields_no_words_and_the_next_sentence_keeps_its_time():
