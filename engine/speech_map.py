@@ -130,8 +130,10 @@ class SpeechMap:
         after = [start_ms] + [b + WORD_SLACK_MS for _, b in spans]  # where each gap begins
         before = [a - WORD_SLACK_MS for a, _ in spans] + [end_ms]  # and ends
         for k, (lo, hi) in enumerate(zip(after, before, strict=True)):
+            lo = max(lo, start_ms)  # words before start_ms (committed, read again) bound no hole
             if hi - lo >= min_ms and self.speech_ms(lo, hi) >= min_ms:
-                return spans[k - 1][1] if k else start_ms, spans[k][0] if k < len(spans) else end_ms
+                begin = max(spans[k - 1][1], start_ms) if k else start_ms
+                return begin, spans[k][0] if k < len(spans) else end_ms
         return None
 
     def fit(self, words: list[Word], drop: bool = True, floor_ms: int = 0) -> list[Word]:

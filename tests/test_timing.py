@@ -76,6 +76,11 @@ def test_speech_map_finds_speech_the_words_leave_out_and_the_next_onset():
     # a word stretched over seconds covers only its edges
     stretched = Word(" of", first[-1].end_ms, 8100)
     assert speech.unheard(0, 12800, [*first, stretched, *last], 2000) == (3400, 7600)
+    # from 6 s on (words before it committed, read again with the window): the gap before
+    # `last` holds 1 s of speech since 6 s, not the 3 s since `first`; a gap after 6 s counts
+    assert speech.unheard(6000, 12800, first + last, 2000) is None
+    assert speech.unheard(6000, 12800, first + last[:2], 2000) == (last[1].end_ms, 12800)
+    assert speech.unheard(3500, 12800, first + last, 2000) == (3500, 8100)
     assert speech.onset_within(3000, 12800) == 4000
     assert speech.onset_within(4100, 7900) is None
     assert speech.onset_within(0, 12800) == 0
