@@ -8,6 +8,9 @@ recordings of the earlier evaluation set). Each clip goes through
   (stereo downmixed by the client), real-time pace in 100 ms chunks (`--fast`: as fast as the
   socket takes it); final latency p50/p95 (a final's arrival minus when the audio up to the
   known end of the sentence it ends in was sent), time to first partial;
+- `replay` (with `--replay`): streaming replayed in-process, the engine fed the 16 kHz audio in
+  100 ms chunks and every step it has ready run before the next chunk, as if the model took
+  no time: deterministic, so two settings compare without real time's run-to-run spread;
 - `file`: the file over HTTP, as Deepgram's pre-recorded `POST /v1/listen` takes it (a
   background request of the same server's engine; 4 files at once), with its words' times;
 - `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm) on the file at 16 kHz, with
@@ -24,7 +27,8 @@ sentence-onset error p50/p95 (|hypothesis start of a sentence's matched first wo
 onset|); and for streaming the latencies.
 
     scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
-        [--conditions level-30 ...] [--skip stream file offline fw-int8] [--json out.json] [--doc]
+        [--conditions level-30 ...] [--skip stream file offline fw-int8] [--replay] \\
+        [--prompt-tokens 100] [--json out.json] [--doc]
     scripts/dev.sh run python scripts/evaluate.py --rescore out.json [--doc]
 """
 
@@ -41,7 +45,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +62,7 @@ from app.replay import percentile, result_end_ms, result_words, utterance_end_ms
 from audio.container import load_audio  # noqa: E402
 from audio.io import SAMPLE_RATE, float_to_pcm16  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.engine import Engine, EngineOutput  # noqa: E402
 from engine.model import ModelBundle, load_bundle  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
@@ -72,7 +77,7 @@ from scripts.corpus import (  # noqa: E402
 from scripts.corpus import summary as corpus_summary  # noqa: E402
 from tests.server_client import running_server  # noqa: E402
 
-SYSTEMS = ["stream", "file", "offline", "fw-int8"]
+SYSTEMS = ["stream", "replay", "file", "offline", "fw-int8"]
 Words = list[tuple[float, float, str]]  # (start s, end s, text)
 
 
@@ -199,6 +204,36 @@ async def stream_all(results: list[Result], parallel: int, fast: bool, config: E
     async with running_server(folder, config, model=model, max_sessions=max(16, parallel)) as server:
         base = f"ws://127.0.0.1:{server.port}/v1/listen"  # stream_clip adds the query
         await asyncio.gather(*(one(base, r) for r in longest_first))
+
+
+def replay_clip(engine: Engine, samples: np.ndarray, chunk: int) -> Words:
+    """Stream `samples` into `engine`, every ready step run before the next chunk."""
+    words: Words = []
+
+    def take(outputs: list[EngineOutput]) -> None:
+        words.extend((w.start_ms / 1000, w.end_ms / 1000, w.text) for o in outputs for w in o.committed)
+
+    engine.add_request("r")
+    for i in range(0, len(samples), chunk):
+        engine.add_audio("r", samples[i : i + chunk])
+        while engine.has_work():
+            take(engine.step())
+    engine.finish("r")
+    while engine.has_request("r"):
+        take(engine.step())
+    return words
+
+
+def replay_all(results: list[Result], config: EngineConfig, model: ModelBundle,
+               chunk_ms: int = 100) -> None:
+    """Each clip streamed into an `Engine` in this process: the decodes a session gets when
+    compute keeps up, the same in every run."""
+    for result in results:
+        engine = Engine(model, replace(config, worker_process=False))
+        samples = result.clip.mono16k()
+        start = time.perf_counter()
+        words = replay_clip(engine, samples, SAMPLE_RATE * chunk_ms // 1000)
+        result.add("replay", words, time.perf_counter() - start)
 
 
 def post_clip(url: str, result: Result) -> Words:
@@ -405,10 +440,13 @@ def run_systems(args: argparse.Namespace, results: list[Result]) -> list[str]:
     model = load_bundle(device="cpu", bf16=False if args.no_bf16 else None, int8=args.int8)
     config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
                           preview_pad_seconds=args.preview_pad_seconds or None,
-                          worker_process=True)  # as `voxtide serve`
+                          prompt_tokens=args.prompt_tokens, worker_process=True)  # as `voxtide serve`
     if "stream" not in args.skip:
         asyncio.run(stream_all(results, args.parallel, args.fast, config, model))
         systems.append("stream")
+    if args.replay:
+        replay_all(results, config, model)
+        systems.append("replay")
     if "file" not in args.skip:
         asyncio.run(files_all(results, config, model))
         systems.append("file")
@@ -433,6 +471,9 @@ def main() -> int:
     parser.add_argument("--preview-pad-seconds", type=int, default=EngineConfig.preview_pad_seconds,
                         help="0: partials decode the whole window")
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms, help="0: off")
+    parser.add_argument("--prompt-tokens", type=int, default=EngineConfig.prompt_tokens)
+    parser.add_argument("--replay", action="store_true",
+                        help="also stream each clip into an in-process engine, as if compute took no time")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--int8", action="store_true", help="the encoder on int8 weights")
     parser.add_argument("--no-bf16", action="store_true", help="no bfloat16 parts (as without AVX512-BF16)")
@@ -453,7 +494,8 @@ def main() -> int:
         systems = run_systems(args, results)
         settings = (f"Streaming: {'fast' if args.fast else 'real time'}, {args.parallel} at once, 100 ms "
                     f"chunks, endpoint {args.endpoint_ms} ms, pad {args.pad_seconds}, preview pad "
-                    f"{args.preview_pad_seconds}. Run: {provenance(sys.argv[1:])}.")
+                    f"{args.preview_pad_seconds}, prompt {args.prompt_tokens} tokens. Run: "
+                    f"{provenance(sys.argv[1:])}.")
     text = report(results, systems, settings)
     print(text)
     if args.json:
