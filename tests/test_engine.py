@@ -1,5 +1,6 @@
 """The engine on the real model: item features, batching, streaming text, faults."""
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
 from audio.mel import DYNAMIC_RANGE, log_mel_power, normalize_log_mel
 from engine import worker
 from engine.config import EngineConfig
-from engine.engine import Engine
+from engine.engine import Engine, StepInput
 from engine.model.transcribe import transcribe
 from engine.model.whisper import ModelDimensions, Whisper
 from engine.model_runner import ModelRunner
@@ -344,6 +345,15 @@ def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     assert [w.draft for w in engine.schedule().model_input.windows] == [[]]
 
 
+def scheduled_steps(engine: Engine, samples: np.ndarray, chunk: int = 3200) -> Iterator[StepInput]:
+    """Feed session "s" 200 ms chunks; after each, the step the engine schedules, if any."""
+    for i in range(0, len(samples), chunk):
+        engine.add_audio("s", samples[i : i + chunk])
+        step = engine.schedule()
+        if step is not None:
+            yield step
+
+
 def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(monkeypatch):
     """With endpointing, a partial under agree_after_ms since the last final decodes only
     that audio (10 s padding, all committed words as its prompt): shown, never committed."""
@@ -356,11 +366,7 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(mo
     hidden = engine.runner.model.decoder.hidden
     monkeypatch.setattr(engine.runner.model.decoder, "hidden",
                         lambda *a, **k: calls.append(1) or hidden(*a, **k))
-    for i in range(0, len(samples), 3200):
-        engine.add_audio("s", samples[i : i + 3200])
-        step = engine.schedule()
-        if step is None:
-            continue
+    for step in scheduled_steps(engine, samples):
         (window,) = step.scheduled.windows
         calls.clear()
         output = engine.execute(step)
@@ -396,11 +402,7 @@ def test_a_windows_prompt_is_the_latest_committed_words_within_prompt_tokens():
     policy = engine.streams["s"].policy
     ts_begin = bundle().tokenizer.timestamp_begin
     prompts, texts = [], []
-    for i in range(0, len(samples), 3200):
-        engine.add_audio("s", samples[i : i + 3200])
-        step = engine.schedule()
-        if step is None:
-            continue
+    for step in scheduled_steps(engine, samples):
         (inp,) = step.model_input.windows
         committed = [t for w in policy.committed for t in w.tokens]
         text = [t for t in inp.prompt if t < ts_begin]
