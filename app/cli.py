@@ -22,7 +22,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
 
 
-def _load(args: argparse.Namespace, int8: bool = False):
+def _load(args: argparse.Namespace, int8: bool | None = None):
     import logging
 
     from engine.model import load_bundle
@@ -152,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("transcribe", help="transcribe audio files offline")
     p.add_argument("files", nargs="+", help="wav/flac/ogg files, any rate and channel count")
     p.add_argument("--json", action="store_true", help="one JSON object per file")
-    p.add_argument("--int8", action="store_true",
-                   help="the encoder's linear layers on int8 weights (CPU; costs some WER)")
+    p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=None,
+                   help="the encoder's linear layers on int8 weights (CPU; default: where the "
+                        "CPU has no native bf16)")
     _add_model_args(p)
     p.set_defaults(func=cmd_transcribe)
 

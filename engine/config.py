@@ -54,9 +54,10 @@ class EngineConfig:
     # run the model in a worker process (engine/worker.py), out of the caller's interpreter
     # lock (`voxtide serve` does); False: in the calling process (tests, scripts)
     worker_process: bool = False
-    # the encoder's linear layers on int8 weights (CPU; Whisper.set_encoder_int8): faster
-    # without native bf16, at some WER (docs/performance.md); applied when the model loads
-    int8: bool = False
+    # the encoder's linear layers on int8 weights (CPU; Whisper.set_encoder_int8), applied
+    # when the model loads; None: where the CPU has no native bf16, which int8 outruns there
+    # at the same WER (docs/performance.md, docs/evaluation.md)
+    int8: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("pad_seconds", "preview_pad_seconds"):

@@ -143,8 +143,10 @@ def main() -> int:
     parser.add_argument("--worker", choices=("process", "thread"), default="process",
                         help="where the model runs (`voxtide serve`: a process)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the model's device)")
-    parser.add_argument("--int8", action="store_true", help="the encoder on int8 weights (CPU)")
-    parser.add_argument("--no-bf16", action="store_true", help="no bfloat16 parts (as without AVX512-BF16)")
+    parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=None,
+                        help="the encoder on int8 weights (default: on a CPU without native bf16)")
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="no bfloat16 parts: float32, or int8 with --int8 (a CPU without native bf16)")
     parser.add_argument("--upload-seconds", type=float, default=0.0,
                         help="also transcribe a file this long over HTTP as the sessions start")
     parser.add_argument("--stagger", type=float, default=0.3,

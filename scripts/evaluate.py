@@ -475,8 +475,10 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true",
                         help="also stream each clip into an in-process engine, as if compute took no time")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--int8", action="store_true", help="the encoder on int8 weights")
-    parser.add_argument("--no-bf16", action="store_true", help="no bfloat16 parts (as without AVX512-BF16)")
+    parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=None,
+                        help="the encoder on int8 weights (default: on a CPU without native bf16)")
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="no bfloat16 parts: float32, or int8 with --int8 (a CPU without native bf16)")
     parser.add_argument("--skip", nargs="*", default=[], choices=[s for s in SYSTEMS if s != "replay"])
     parser.add_argument("--json", default=None, help="write the figures and transcripts here")
     parser.add_argument("--doc", action="store_true", help="write the tables to docs/evaluation.md")

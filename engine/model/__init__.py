@@ -64,7 +64,7 @@ def _alignment_heads(folder: Path, dims: ModelDimensions) -> list[tuple[int, int
 
 def load_bundle(path: str | Path | None = None, device: str | torch.device | None = None,
                 dtype: torch.dtype | None = None, bf16: bool | None = None,
-                int8: bool = False) -> ModelBundle:
+                int8: bool | None = None) -> ModelBundle:
     """Load model, tokenizer and suppress list from a checkpoint (default: bundled tiny.en).
     `dtype`, `bf16` and `int8` as in `load_model`."""
     resolved = Path(path) if path is not None else default_model_path()

@@ -28,6 +28,10 @@ BF16_LOGIT_MARGIN = 0.5
 # matrix-vector product, where float32's GEMM reads the projection once for all rows: past
 # this many rows the float32 projection is the faster one (docs/performance.md)
 FP16_MAX_ROWS = 6
+# int8 weights stay within this (Int8Linear): exact sums on AVX2 as with VNNI
+INT8_WEIGHT_MAX = 64
+# the channels of the MLPs' hidden state (a GELU's output) computed in float32 per int8 call
+MLP_OUTLIERS = 8
 
 # int8 layers (Whisper.set_encoder_int8) run on oneDNN's kernels, which ONEDNN_MAX_CPU_ISA
 # limits like the rest of oneDNN (docs/performance.md measures an AVX2 host that way). Set on
@@ -66,18 +70,32 @@ class Linear(nn.Linear):
 
 
 class Int8Linear(nn.Module):
-    """A linear layer on int8 weights (symmetric, per output channel) whose input is quantized
-    per call: torch's dynamic quantization, whose x86 kernels need AVX2 only. It holds plain
-    tensors, shared with a worker process like the other weights, and packs them for the
-    kernels on first use in the process that runs it (packed weights do not pickle)."""
+    """A linear layer on int8 weights whose input is quantized per call to 8 bits: torch's
+    dynamic quantization on oneDNN's kernels, which need AVX2 only.
 
-    def __init__(self, linear: nn.Linear):
+    The weights are symmetric per output channel within +-64, not +-127: without VNNI, x86
+    int8 kernels add pairs of u8 x s8 products in 16 bits (vpmaddubsw), where 255 * 64 * 2
+    fits and 255 * 127 * 2 saturates. So the input keeps all 8 bits (no `reduce_range`) and
+    every CPU computes the same sums. `outliers`: this many of the input's largest channels
+    (per call) are computed in float32 and zeroed in the input, which the layer therefore
+    consumes: one scale for the whole input leaves the other channels a few steps when a
+    handful are far larger than the rest, as a GELU's output has (docs/evaluation.md).
+
+    It holds plain tensors, shared with a worker process like the other weights, and packs
+    them for the kernels on first use in the process that runs it (packed weights do not
+    pickle)."""
+
+    def __init__(self, linear: nn.Linear, outliers: int = 0):
         super().__init__()
         weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (out,)
-        self.register_buffer("weight", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / INT8_WEIGHT_MAX  # (out,)
+        quantized = torch.round(weight / scale[:, None]).clamp(-INT8_WEIGHT_MAX, INT8_WEIGHT_MAX)
+        self.register_buffer("weight", quantized.to(torch.int8))
         self.register_buffer("scale", scale.double())
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        self.outliers = outliers
+        # (in, out): the float32 rows of the outlier channels, gathered per call
+        self.register_buffer("exact", weight.T.contiguous() if outliers else None)
         self.packed: Any = None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -85,8 +103,17 @@ class Int8Linear(nn.Module):
             zero = torch.zeros_like(self.scale, dtype=torch.long)
             weight = torch._make_per_channel_quantized_tensor(self.weight, self.scale, zero, 0)
             self.packed = torch.ops.quantized.linear_prepack(weight, self.bias)
-        y = torch.ops.quantized.linear_dynamic(x.float().reshape(-1, x.shape[-1]), self.packed, True)
-        return y.reshape(*x.shape[:-1], -1).to(x.dtype)
+        shape = x.shape
+        x = x.float().reshape(-1, shape[-1])  # (rows, in)
+        exact = None
+        if self.outliers:
+            channels = x.abs().amax(dim=0).topk(self.outliers).indices  # (outliers,)
+            exact = x[:, channels] @ self.exact[channels]  # (rows, out)
+            x.index_fill_(1, channels, 0.0)
+        y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
+        if exact is not None:
+            y += exact
+        return y.reshape(*shape[:-1], -1)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "packed": None}
@@ -436,19 +463,19 @@ class Whisper(nn.Module):
 
     def set_encoder_int8(self) -> None:
         """Run the linear layers of the encoder's transformer blocks on int8 weights
-        (`Int8Linear`), all but the MLPs' second ones; attention products, layer norms and
-        the rest stay float32. Replaces the layers in place.
+        (`Int8Linear`); attention products, layer norms and the rest stay float32. Replaces
+        the layers in place.
 
         The second MLP layer's input, a GELU's output, has a few channels far larger than the
-        rest, so one int8 scale for the whole input leaves the other channels a handful of
-        steps: quantized, those layers carry most of int8's WER cost (docs/evaluation.md,
-        The int8 encoder).
+        rest (hundreds, where most stay under ten): those layers compute their
+        `MLP_OUTLIERS` largest channels in float32 (docs/evaluation.md, The int8 encoder).
         """
         for block in self.encoder.blocks:
             for parent in (block.attn, block.mlp):
                 for name, child in list(parent.named_children()):
-                    if isinstance(child, Linear) and child is not block.mlp[2]:
-                        setattr(parent, name, Int8Linear(child))
+                    if isinstance(child, Linear):
+                        outliers = MLP_OUTLIERS if child is block.mlp[2] else 0
+                        setattr(parent, name, Int8Linear(child, outliers))
 
     @property
     def encoder_int8(self) -> bool:
