@@ -579,11 +579,16 @@ def build(folder: Path = DEFAULT_DIR, seed: int = 0, quick: bool = False) -> Pat
 
 
 def load_index(folder: Path, seed: int = 0, quick: bool = False, rebuild: bool = False) -> dict:
-    """The corpus in `folder`, built first when it is missing, older or of other settings."""
+    """The corpus in `folder`, built first when it is missing or older. A corpus of another
+    seed or size is another one's data: ValueError, unless `rebuild`."""
     path = folder / "index.json"
     index = json.loads(path.read_text()) if path.is_file() else None
-    settings = (VERSION, seed, quick)
-    if rebuild or index is None or (index["version"], index["seed"], index["quick"]) != settings:
+    if not rebuild and index is not None and index["version"] == VERSION \
+            and (index["seed"], index["quick"]) != (seed, quick):
+        raise ValueError(f"{folder} holds the corpus of seed {index['seed']}"
+                         f"{' (quick)' if index['quick'] else ''}: pass its seed, another folder, "
+                         f"or --rebuild to replace it")
+    if rebuild or index is None or index["version"] != VERSION:
         print(f"building the corpus in {folder} ...", file=sys.stderr)
         index = json.loads(build(folder, seed, quick).read_text())
     return index

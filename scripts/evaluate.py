@@ -487,7 +487,11 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     folder = args.corpus or DEFAULT_DIR.with_name("corpus-quick" if args.quick else "corpus")
-    results = [Result(c) for c in load_clips(folder, args.quick, args.seed, args.rebuild, args.conditions)]
+    try:
+        clips = load_clips(folder, args.quick, args.seed, args.rebuild, args.conditions)
+    except ValueError as e:  # a folder of another corpus
+        parser.error(str(e))
+    results = [Result(c) for c in clips]
     if args.rescore:
         systems = rescore(args.rescore, results)
         results = [r for r in results if r.scores]

@@ -37,6 +37,17 @@ def built(tmp_path_factory) -> tuple[Path, dict]:
     return folder, index
 
 
+def test_a_corpus_folder_is_read_again_not_rebuilt_over_another_seed(built):
+    """A folder keeps the corpus it holds: asked for with its seed, it is read as it is;
+    asked for with another, it is an error, not silently rebuilt over (a replay of seed 7
+    once ran on seed 0's audio that way)."""
+    folder, index = built
+    assert corpus.load_index(folder, seed=0, quick=True) == index
+    with pytest.raises(ValueError, match="seed 0 \\(quick\\)"):
+        corpus.load_index(folder, seed=7, quick=True)
+    assert json.loads((folder / "index.json").read_text()) == index
+
+
 def clips(built) -> list[tuple[dict, np.ndarray, int]]:
     """-> (manifest, audio (n, channels), rate) of every clip."""
     folder, index = built
