@@ -382,7 +382,7 @@ def load_model(
     if device.type == "cpu" and dtype == torch.float32:
         native_bf16 = cpu_has_bf16()
         use_bf16 = native_bf16 if bf16 is None else bf16
-        use_int8 = bf16 is None and not native_bf16 if int8 is None else int8
+        use_int8 = (bf16 is None and not native_bf16) if int8 is None else int8
         if use_int8:
             model.set_encoder_int8()
         elif use_bf16:
