@@ -25,6 +25,7 @@ closed.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -45,6 +46,8 @@ from engine.processor_cache import ProcessorCache
 
 log = logging.getLogger(__name__)
 
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+KEEP_FREED_BYTES = 1 << 30  # free memory the worker's heap keeps at its top
 START_TIMEOUT_S = 300.0  # the worker imports torch and maps the shared weights
 STOP_TIMEOUT_S = 10.0
 PARENT_POLL_S = 0.5
@@ -85,6 +88,7 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
     None out; until it gets None or the engine's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server, which stops us
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    keep_freed_memory()
     torch.set_num_threads(num_threads)
     share = CpuShare(num_threads, [os.getpid(), os.getppid()])
     runner = ModelRunner(bundle, ProcessorCache(processor_cache_bytes), pad_seconds, preview_pad_seconds)
@@ -114,6 +118,21 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
                 conn.send(e)
             except Exception:  # it does not pickle
                 conn.send(RuntimeError(f"{type(e).__name__}: {e}"))
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep the memory a step frees for the next step -> whether it took it.
+    A step allocates the same big buffers again and again (a batch's activations, tens of
+    MB each). By default glibc maps each block over its threshold (at most 32 MB) afresh and
+    unmaps it when freed, and hands a freed heap top back to the system: every step faults
+    in and zeroes again the pages it just gave back. Served from a heap that keeps up to
+    KEEP_FREED_BYTES free, the worker stays at its peak instead. Another C library has no
+    mallopt: nothing changes there."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(M_MMAP_MAX, 0))
 
 
 def _exit_with_parent(parent: int) -> None:

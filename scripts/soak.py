@@ -1,11 +1,11 @@
 """Soak: one long /v1/listen session (a recording looped to hours) replayed as fast as the
 server takes it, with the server in this process so its state can be read as it runs.
 
-Every minute of session audio it records the mean engine step time, the process RSS, the
-items on the session timeline and the live ones (encoder input still held), and the
-encoder-cache entries; at the end it prints the last-minute / first-minute ratios (goal
-<= 1.2), the step-time ratio of the last tenth's mean over the first tenth's, and the WER
-scored loop by loop (each final word goes to the loop its midpoint falls in).
+Every minute of session audio it records the mean engine step time, the RSS of the server
+and of its model worker, the items on the session timeline and the live ones (encoder input
+still held), and the encoder-cache entries; at the end it prints the last-minute /
+first-minute ratios (goal <= 1.2), the step-time ratio of the last tenth's mean over the first
+tenth's, and the WER scored loop by loop (each final word goes to the loop its midpoint falls in).
 
     scripts/dev.sh run python scripts/soak.py [--hours 2] [--pad-seconds 10] [--json out.json]
 """
@@ -35,11 +35,17 @@ from tests.helpers import concatenated, librivox_path, transcripts  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def rss_mb(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def worker_rss_mb(engine) -> float:
+    """RSS of the model's worker process (NaN when the model runs in this one)."""
+    process = getattr(engine.runner, "process", None)
+    return rss_mb(process.pid) if process is not None else float("nan")
 
 
 def loop_audio() -> tuple[np.ndarray, str]:
@@ -70,7 +76,8 @@ async def soak(hours: float, pad_seconds: int | None, chunk_ms: int) -> dict:
     loops = int(hours * 3600 * SAMPLE_RATE) // base.size + 1
     samples = np.tile(base, loops)
     folder = Path(tempfile.mkdtemp(prefix="voxtide-soak-"))
-    async with running_server(folder, EngineConfig(pad_seconds=pad_seconds), idle_timeout_s=3600) as server:
+    config = EngineConfig(pad_seconds=pad_seconds, worker_process=True)  # as `voxtide serve` runs
+    async with running_server(folder, config, idle_timeout_s=3600) as server:
         return await soak_with(server, base, reference, loops, samples, pad_seconds, chunk_ms)
 
 
@@ -104,17 +111,18 @@ async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int
                 "fallbacks": int(fallbacks - last_fallbacks),
                 "step_ms": round(1000 * (step_sum - last_sum) / count, 1) if count else None,
                 "rss_mb": round(rss_mb(), 1),
+                "worker_rss_mb": round(worker_rss_mb(engine), 1),
                 "spool_mb": round(sum(f.stat().st_size for f in server.spool.dir.glob("*/*.pcm")) / 1e6, 1),
                 "items": len(request.mm_features),
                 "live_items": request.num_encoded_items - request.num_freed_items,
                 "cache_entries": len(engine.scheduler.encoder_cache.cached),
-                "runner_tensors": len(engine.runner.encoder_cache),
             })
             last_sum, last_count, last_fallbacks = step_sum, step_count, fallbacks
             r = rows[-1]
             print(f"min {minute:4d}  wall {r['wall_s']:7.1f} s  step {r['step_ms']} ms  "
                   f"fallbacks {r['fallbacks']}  "
-                  f"rss {r['rss_mb']} MB  spool {r['spool_mb']} MB  items {r['items']}  "
+                  f"rss {r['rss_mb']} MB  worker {r['worker_rss_mb']} MB  spool {r['spool_mb']} MB  "
+                  f"items {r['items']}  "
                   f"live {r['live_items']}", flush=True)
 
     sampler = asyncio.create_task(sample())
@@ -142,6 +150,7 @@ async def soak_with(server: Server, base: np.ndarray, reference: str, loops: int
         if clean_head and clean_tail else None,
         "fallbacks_first_last_tenth": [sum(r["fallbacks"] for r in head), sum(r["fallbacks"] for r in tail)],
         "rss_ratio": round(last["rss_mb"] / first["rss_mb"], 3),
+        "worker_rss_ratio": round(last["worker_rss_mb"] / first["worker_rss_mb"], 3),
         "live_items_ratio": round(last["live_items"] / max(1, first["live_items"]), 3),
         "rows": rows, "text": report.text, "words": report.words,
     }
