@@ -2,10 +2,12 @@
 
 Sources (nothing is downloaded): espeak-ng in many voices and variants, rates and pitches; Debian's
 flite voices (kal, kal16, awb, rms, slt); the real recordings of pocketsphinx-testdata (the
-Sense and Sensibility passages, the card phrases, "go forward ten meters"). The TTS speaks the
-passages below, written for this corpus. Every piece is trimmed to its speech (an energy
-threshold on 10 ms frames) and brought to the same speech level, then placed at known sample
-positions, so each sentence's onset and end are exact.
+Sense and Sensibility passages, the card phrases, "go forward ten meters") and of
+asterisk-core-sounds-en-wav (Asterisk's English prompts, their texts in
+asterisk-core-sounds-en). The TTS speaks the passages below, written for this corpus. Every
+piece is trimmed to its speech (an energy threshold on 10 ms frames) and brought to the same
+speech level, then placed at known sample positions, so each sentence's onset and end are
+exact.
 
 Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - level-0 / level-20 / level-30 / level-50: one program (many voices, real recordings) at
@@ -18,7 +20,9 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - long-session: over 10 minutes of passages, one voice per passage, 1.5 s between sentences;
 - end-abrupt: short clips whose file ends within 50 ms after the last word;
 - previous-set: the recordings of the earlier evaluation set (the Austen passages once and in
-  two repeated orders, the card phrases, three espeak passages), trimmed and re-joined.
+  two repeated orders, the card phrases, three espeak passages), trimmed and re-joined;
+- real-ivr: telephone prompts recorded by a voice talent at 8 kHz (Debian's
+  asterisk-core-sounds-en-wav), 0.6-1.2 s pauses: a real speaker outside the TTS.
 
 A manifest holds the file's rate and channels, its speech level and noise, every sentence
 (text, onset, end in seconds, speaker) and every gap between them and at both ends (start, end,
@@ -34,8 +38,10 @@ the sentence-onset errors (scripts/evaluate.py reports them).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -54,13 +60,15 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 2  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 3  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
 PEAK_LIMIT = 0.9  # a piece is turned down until its peak is under this
 TESTDATA = Path("/usr/share/pocketsphinx/test/data")
 AUSTEN = ["0870", "0880", "0890", "0920", "0930"]
+ASTERISK = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
+ASTERISK_TEXTS = Path("/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz")
 # Passages for the TTS voices, written for this corpus: five sentences each on one topic, 6-25
 # words, plain words with no spelling variants (no harbour/harbor), few numbers.
 PASSAGES: tuple[tuple[str, ...], ...] = (
@@ -456,6 +464,25 @@ def recordings() -> dict[str, Piece]:
     return out
 
 
+def ivr_prompts() -> list[tuple[Path, str]]:
+    """Asterisk's English prompts of five words or more, each text once, as (file, text):
+    none that names a key by its sign (*, #), carries a note or trails off."""
+    if not ASTERISK_TEXTS.is_file():
+        raise SystemExit(f"{ASTERISK_TEXTS} is missing: apt-get install asterisk-core-sounds-en "
+                         "asterisk-core-sounds-en-wav (scripts/dev.sh run installs them)")
+    prompts, seen = [], set()
+    for line in gzip.open(ASTERISK_TEXTS, "rt").read().splitlines():
+        name, sep, text = line.partition(":")
+        text = " ".join(text.split())
+        path = ASTERISK / f"{name.strip()}.wav"
+        if (not sep or line.startswith(";") or len(text.split()) < 5 or text.lower() in seen
+                or re.search(r"[*#@()\[\]{}]|\bnote\b|\.\.\.", text, re.I) or not path.is_file()):
+            continue
+        seen.add(text.lower())
+        prompts.append((path, text))
+    return prompts
+
+
 def sentences_of(first: int, last: int) -> list[str]:
     return [s for passage in PASSAGES[first:last] for s in passage]
 
@@ -540,6 +567,14 @@ def previous_set(quick: bool, real: dict[str, Piece]) -> list[Clip]:
     return out
 
 
+def real_ivr(seed: int, quick: bool) -> Clip:
+    """Prompts of one voice talent, recorded at 8 kHz, in a seeded order."""
+    rng = voices_rng(seed, "real-ivr")
+    chosen = rng.sample(ivr_prompts(), 4 if quick else 64)
+    pieces = [recording_piece(path, text) for path, text in chosen]
+    return layout("real-ivr", "real-ivr", pieces, [rng.uniform(0.6, 1.2) for _ in pieces[1:]])
+
+
 def clips(seed: int = 0, quick: bool = False) -> list[Clip]:
     """Every clip of the corpus (`quick`: a few minutes in all, every condition present)."""
     real = recordings()
@@ -550,7 +585,7 @@ def clips(seed: int = 0, quick: bool = False) -> list[Clip]:
                      [6.0, 9.0, 10.0, 15.0, 25.0, 40.0, 55.0])
     out.append(with_noise(noisy, "gaps-noise", "pink", -60.0, seed))
     out.append(long_session(seed, quick, real))
-    return out + end_clips(seed, quick) + previous_set(quick, real)
+    return out + end_clips(seed, quick) + previous_set(quick, real) + [real_ivr(seed, quick)]
 
 
 def manifest(clip: Clip, file: str) -> dict:

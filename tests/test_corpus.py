@@ -27,7 +27,7 @@ from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
               "white-snr10", "telephone-8k", "stereo-44k", "gaps-silence", "gaps-noise",
-              "long-session", "end-abrupt", "previous-set"}
+              "long-session", "end-abrupt", "previous-set", "real-ivr"}
 
 
 @pytest.fixture(scope="module")
