@@ -12,6 +12,7 @@ gets into the store once.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from app.session import ServerContext, text_of, words_json
 from app.spool import Leftover
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def _shifted(words: list[Word], offset_ms: int) -> list[Word]:
-    return [Word(w.text, w.start_ms + offset_ms, w.end_ms + offset_ms, w.probability) for w in words]
+    return [replace(w, start_ms=w.start_ms + offset_ms, end_ms=w.end_ms + offset_ms) for w in words]
 
 
 async def recover_session(ctx: ServerContext, leftover: Leftover) -> float:

@@ -109,6 +109,11 @@ class SpeechMap:
             k += 1
         return total
 
+    def _near_speech(self, word: Word) -> bool:
+        """Whether a run of speech comes within SNAP_MS of the word."""
+        k = bisect.bisect_left(self.ends, word.start_ms - SNAP_MS)  # the first run ending after
+        return k < len(self.starts) and self.starts[k] <= word.end_ms + SNAP_MS
+
     def heard(self, start_ms: int, end_ms: int) -> bool:
         """Whether [start_ms, end_ms) holds HEARD_SPEECH_MS of speech: a decode of it is no
         silence, whatever Whisper's no-speech probability says."""
@@ -138,8 +143,11 @@ class SpeechMap:
 
     def fit(self, words: list[Word], drop: bool = True, floor_ms: int = 0) -> list[Word]:
         """Words with their edges moved into speech: a start in silence to the next run's
-        start, an end in silence to the last run's end. A word with no speech within
-        SNAP_MS of it is dropped (`drop`): Whisper made it of silence or noise (" you").
+        start, an end in silence to the last run's end. A segment none of whose words has
+        speech within SNAP_MS is dropped (`drop`): Whisper made it of silence or noise
+        (" you"). Whole segments, as offline `transcribe` keeps them: a voice the VAD barely
+        hears (falsetto, Silero's probability at most 0.55) gives a run here and there, and
+        the words between them are no less spoken.
 
         The alignment also starts a word late when speech begins after a pause (the
         attention follows the audio with a lag): the first word in a run of speech, when no
@@ -147,16 +155,15 @@ class SpeechMap:
         the run began at most ONSET_LEAD_MS before it, starts where the run does."""
         heard = samples_to_ms(self.num_chunks * CHUNK_SAMPLES)
         pad = self.PAD_MS
+        spoken = {w.segment for w in words if w.end_ms > heard or self._near_speech(w)}
         kept: list[Word] = []
         for word in words:
             before = max(floor_ms, kept[-1].end_ms if kept else floor_ms)
-            if word.end_ms > heard:  # past what the VAD has analysed
-                kept.append(word)
-                continue
-            k = bisect.bisect_left(self.ends, word.start_ms - SNAP_MS)  # the first run ending after
-            if drop and (k == len(self.starts) or self.starts[k] > word.end_ms + SNAP_MS):
+            if drop and word.segment not in spoken:
                 continue
             kept.append(word)
+            if word.end_ms > heard:  # past what the VAD has analysed
+                continue
             i = bisect.bisect_right(self.ends, word.start_ms + pad)  # the first run ending after it
             onset = self.starts[i] - pad if i < len(self.starts) else None
             if onset is not None and word.start_ms < onset < word.end_ms + SNAP_MS:

@@ -9,9 +9,11 @@ its words by character count.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from engine.timeline import MAX_WINDOW_POSITIONS, TIME_PRECISION, ms_to_positions, seconds_to_ms
@@ -29,6 +31,7 @@ class Word:
     end_ms: int
     tokens: list[int] = field(default_factory=list)
     probability: float | None = None  # the mean of its tokens' probabilities (None: unknown)
+    segment: int = 0  # the decode's segment it is in (SpeechMap.fit keeps or drops one whole)
 
     @property
     def key(self) -> str:
@@ -144,10 +147,17 @@ def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float, seconds
         text = [t for segment in segments for t in segment.tokens]
         words = aligned_words(tokenizer, text,
                               [offset + min(s, seconds) for s in starts[: len(text) + 1]])
+        ends = list(accumulate(len(segment.tokens) for segment in segments))  # text tokens up to each
+        first = 0
+        for word in words:  # a segment's text starts a word
+            word.segment = bisect.bisect_right(ends, first)
+            first += len(word.tokens)
     else:
-        for segment in segments:
-            words += segment_words(tokenizer, segment.tokens, min(segment.start, limit),
-                                   min(max(segment.end, segment.start), limit))
+        for k, segment in enumerate(segments):
+            for word in segment_words(tokenizer, segment.tokens, min(segment.start, limit),
+                                      min(max(segment.end, segment.start), limit)):
+                word.segment = k
+                words.append(word)
     return words, offset + min(consumed, seconds)
 
 

@@ -12,7 +12,7 @@ from engine.model import transcribe as transcribe_module
 from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
 from engine.speech_map import SNAP_MS, SpeechMap
-from engine.words import Word, aligned_words
+from engine.words import Word, aligned_words, window_words
 from scripts.wer import word_errors
 from tests.helpers import audio, bundle, librivox_path, speech_onset_ms, transcripts
 
@@ -48,6 +48,22 @@ def test_aligned_words_take_token_times_and_cut_a_first_word_that_took_in_a_paus
     assert [w.text for w in words] == [" He", " was", " not", " an", " old", " young", " man."]
     assert all(a.end_ms == b.start_ms for a, b in zip(words, words[1:], strict=False))
     assert words[0].end_ms == 3000 and words[0].start_ms >= 2000  # not 0: cut to twice a median word
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_a_windows_words_know_their_segment(aligned):
+    """SpeechMap.fit keeps or drops a segment whole: each word carries its segment's index,
+    timed from the aligner or spread over the segment."""
+    tokenizer = bundle().tokenizer
+    ids = {token: i for i, token in enumerate(tokenizer.id_to_token)}
+    ts = tokenizer.timestamp_begin
+    first = [ids[t] for t in ("ĠHe", "Ġwas", "Ġnot", ".")]
+    second = [ids[t] for t in ("ĠAn", "Ġold", "Ġman", ".")]
+    tokens = [ts, *first, ts + 100, ts + 150, *second, ts + 300]
+    starts = [0.2 * i for i in range(9)] if aligned else None
+    words, _ = window_words(tokenizer, tokens, 10.0, 8.0, starts)
+    assert [(w.text, w.segment) for w in words] == [
+        (" He", 0), (" was", 0), (" not.", 0), (" An", 1), (" old", 1), (" man.", 1)]
 
 
 def speech_map(runs_ms: list[tuple[int, int]], total_ms: int) -> SpeechMap:
@@ -91,15 +107,19 @@ def test_speech_map_finds_speech_the_words_leave_out_and_the_next_onset():
     assert speech.pause_after(1000, 9500, 500) is None
 
 
-def test_speech_map_moves_word_edges_into_speech_and_drops_words_of_silence():
+def test_speech_map_moves_word_edges_into_speech_and_drops_segments_of_silence():
     speech = speech_map([(1024, 2048), (8000, 9024)], 12000)
     early = Word(" early", 200, 1500)  # starts in the silence before the speech
     late = Word(" late", 1700, 3500)  # ends in the silence after it
-    inside = Word(" inside", 8100, 8900)  # starts late in its speech (moved back)
-    ghost = Word(" you.", 5000, 5400)  # nowhere near speech
-    unheard = Word(" unheard", 11990, 12500)  # past what the VAD has analysed
+    ghost = Word(" you.", 5000, 5400, segment=1)  # a segment nowhere near speech
+    inside = Word(" inside", 8100, 8900, segment=2)  # starts late in its speech (moved back)
+    unheard = Word(" unheard", 11990, 12500, segment=3)  # past what the VAD has analysed
     words = speech.fit([early, late, ghost, inside, unheard])
     assert [w.text for w in words] == [" early", " late", " inside", " unheard"]
+    # a word the VAD did not hear, in a segment it did (a voice it barely hears), is kept
+    between = Word(" between", 5000, 5400, segment=2)
+    assert " between" in [w.text for w in speech.fit([between, Word(" inside", 8100, 8900, segment=2)])]
+    assert speech.fit([between]) == []
     assert early.start_ms == 1024 - SpeechMap.PAD_MS and early.end_ms == 1500
     assert late.start_ms == 1700 and late.end_ms == 2048 + SpeechMap.PAD_MS
     assert (inside.start_ms, inside.end_ms) == (8000 - SpeechMap.PAD_MS, 8900)
