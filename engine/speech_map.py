@@ -146,8 +146,8 @@ class SpeechMap:
         start, an end in silence to the last run's end. A segment none of whose words has
         speech within SNAP_MS is dropped (`drop`): Whisper made it of silence or noise
         (" you"). Whole segments, as offline `transcribe` keeps them: a voice the VAD barely
-        hears (falsetto, Silero's probability at most 0.55) gives a run here and there, and
-        the words between them are no less spoken.
+        hears (a falsetto) gives a run here and there, and the words between them are no
+        less spoken.
 
         The alignment also starts a word late when speech begins after a pause (the
         attention follows the audio with a lag): the first word in a run of speech, when no
