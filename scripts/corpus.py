@@ -470,8 +470,10 @@ def ivr_prompts() -> list[tuple[Path, str]]:
     if not ASTERISK_TEXTS.is_file():
         raise SystemExit(f"{ASTERISK_TEXTS} is missing: apt-get install asterisk-core-sounds-en "
                          "asterisk-core-sounds-en-wav (scripts/dev.sh run installs them)")
+    with gzip.open(ASTERISK_TEXTS, "rt") as f:
+        lines = f.read().splitlines()
     prompts, seen = [], set()
-    for line in gzip.open(ASTERISK_TEXTS, "rt").read().splitlines():
+    for line in lines:
         name, sep, text = line.partition(":")
         text = " ".join(text.split())
         path = ASTERISK / f"{name.strip()}.wav"

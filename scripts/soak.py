@@ -30,6 +30,7 @@ from app.server import Server  # noqa: E402
 from audio.frames import ITEM_SAMPLES  # noqa: E402
 from audio.io import SAMPLE_RATE  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.engine import Engine  # noqa: E402
 from scripts.wer import word_errors  # noqa: E402
 from tests.helpers import concatenated, librivox_path, transcripts  # noqa: E402
 from tests.server_client import running_server, url  # noqa: E402
@@ -42,7 +43,7 @@ def rss_mb(pid: int | str = "self") -> float:
     return float("nan")
 
 
-def worker_rss_mb(engine) -> float:
+def worker_rss_mb(engine: Engine) -> float:
     """RSS of the model's worker process (NaN when the model runs in this one)."""
     process = getattr(engine.runner, "process", None)
     return rss_mb(process.pid) if process is not None else float("nan")
