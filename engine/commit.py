@@ -13,9 +13,12 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   away unheard.
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
+  A decode caught in a loop counts for nothing: two decodes of one loop agree on it (a
+  sentence said over and over, under babble or reverberation that leaves no pause).
 - A window that cannot take another decode interval within 30 s commits its whole segments
-  and moves to the end of the last one, as offline Whisper seeks; with none, it commits the
-  words that end before its last 5 s and moves there.
+  and moves to the end of the last one, as offline Whisper seeks; with none, or a decode
+  still in a loop after the runner's fallback, it commits the tentative words that end before
+  its last 5 s and moves there.
 - A window over 15 s is cut at its committed end, so that decodes stay short.
 - A full window or a file's final whose decode passed over seconds of speech commits only what
   came before it (the stream's `_unskipped`; a final then reads that speech again, cut short).
@@ -71,6 +74,7 @@ class WindowFacts:
     silence: bool  # the decode found no speech
     complete: int | None  # the decode's words are whole segments up to this position
     pending_ms: int  # audio between the committed words' end and the window's end
+    looped: bool = False  # the decode was caught in a loop (DecodingResult.looped)
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,9 @@ class Plan:
     action: Action
     agree: bool = False  # AGREE, WHOLE, FORCE: words that agree are committed
     force_until: int = 0  # FORCE: tentative words ending by this position are committed
+    # AGREE, FORCE: the decode's words count (they agree and become the tentative tail);
+    # False for a loop: the tail stays the last decode's
+    heard: bool = True
 
 
 def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
@@ -87,13 +94,14 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
         return Plan(Action.SHOW)
     if facts.final:
         return Plan(Action.FINAL)
-    agree = facts.pending_ms > agree_after_ms
+    heard = not facts.looped
+    agree = facts.pending_ms > agree_after_ms and heard
     if not commits_whole(facts.start, facts.end, False, decode_interval):
-        return Plan(Action.AGREE, agree)
+        return Plan(Action.AGREE, agree, heard=heard)
     complete = facts.complete
-    if not facts.silence and complete is not None and facts.start < complete <= facts.end:
+    if heard and not facts.silence and complete is not None and facts.start < complete <= facts.end:
         return Plan(Action.WHOLE, agree)
-    return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS)
+    return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS, heard=heard)
 
 
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,

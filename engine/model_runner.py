@@ -87,6 +87,7 @@ class WindowResult:
     tokens: list[int] = field(default_factory=list)  # the decoded text and timestamp tokens
     # a partial given up for a final that fell due: no words; `tokens` are those decoded so far
     cancelled: bool = False
+    looped: bool = False  # the decode kept was caught in a loop (DecodingResult.looped)
 
 
 @dataclass
@@ -346,7 +347,7 @@ class ModelRunner:
                           self.bundle.tokenizer.timestamp_begin)
         return WindowResult(window.request_id, words, window.final, window.preview,
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
-                            tokens=decoded.tokens)
+                            tokens=decoded.tokens, looped=decoded.looped)
 
 
 def _failed(window: ScheduledWindow, e: Exception) -> WindowResult:

@@ -377,7 +377,8 @@ class Stream:
                                     or 0 < request.flush_position <= end)
         complete = ms_to_positions(result.complete_ms) if result.complete_ms is not None else None
         return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
-                                  complete, positions_to_ms(end) - self.policy.committed_end_ms)
+                                  complete, positions_to_ms(end) - self.policy.committed_end_ms,
+                                  result.looped)
 
     def _unskipped(self, facts: commit.WindowFacts,
                    words: list[Word]) -> tuple[commit.WindowFacts, list[Word], bool]:
@@ -423,7 +424,10 @@ class Stream:
             return PolicyUpdate([], words)
         if action is commit.Action.FINAL:
             return PolicyUpdate(policy.flush(words).committed, [])
-        update = policy.update(words, commit=plan.agree)
+        if not plan.heard:  # a loop: neither agreement nor the tail to show
+            update = PolicyUpdate([], list(policy.previous))
+        else:
+            update = policy.update(words, commit=plan.agree)
         if action is commit.Action.WHOLE:
             return PolicyUpdate(update.committed + policy.flush(words).committed, [])
         if action is commit.Action.FORCE:

@@ -13,6 +13,8 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - level-0 / level-20 / level-30 / level-50: one program (many voices, real recordings) at
   speech level -23 dBFS, and scaled by -20, -30 and -50 dB;
 - pink-snr20 / pink-snr10 / white-snr20 / white-snr10: the same program with noise throughout;
+- babble-snr12: the program with three other voices talking under it, 12 dB down;
+- reverb: the program in a room (a 0.5 s reverberation tail, as loud as the direct sound);
 - telephone-8k: the program band-passed to 300-3400 Hz, written at 8 kHz;
 - stereo-44k: the program at 44.1 kHz in two channels (the right one 2 dB quieter);
 - gaps-silence / gaps-noise: sentences with gaps of 5-60 s of digital silence, or with a
@@ -26,7 +28,8 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 
 A manifest holds the file's rate and channels, its speech level and noise, every sentence
 (text, onset, end in seconds, speaker) and every gap between them and at both ends (start, end,
-kind "silence" or "noise", noise_dbfs). Seeded: the same seed builds the same files.
+kind "silence", "noise" or "reverb", the tail of the speech before it; noise_dbfs). Seeded:
+the same seed builds the same files.
 
     scripts/dev.sh run python scripts/corpus.py [--out data/corpus] [--quick] [--seed 0]
 
@@ -60,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 3  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 4  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -368,7 +371,7 @@ class Clip:
     audio: np.ndarray  # (n,) mono or (n, channels) float32 at `rate`
     rate: int
     sentences: list[dict]  # text, onset, end (seconds), speaker
-    gaps: list[dict]  # start, end (seconds), kind ("silence" or "noise"), noise_dbfs
+    gaps: list[dict]  # start, end (seconds), kind ("silence", "noise", "reverb"), noise_dbfs
     info: dict = field(default_factory=dict)  # speech_dbfs, gain_db, noise
 
 
@@ -421,6 +424,40 @@ def with_noise(clip: Clip, name: str, kind: str, dbfs: float, seed: int) -> Clip
     info = {**clip.info, "noise": {"kind": kind, "dbfs": dbfs,
                                    "snr_db": round(clip.info["speech_dbfs"] - dbfs, 3)}}
     return Clip(name, name, audio.astype(np.float32), clip.rate, clip.sentences, gaps, info)
+
+
+def with_babble(clip: Clip, name: str, snr_db: float, seed: int, talkers: int = 3) -> Clip:
+    """Other people talking under the speech throughout (a cafe, a television): `talkers` TTS
+    voices, each reading a passage the clip does not hold, looped from a seeded point, together
+    `snr_db` under the speech. Unlike noise, the VAD hears speech in every pause."""
+    rng = voices_rng(seed, name)
+    babble = np.zeros(clip.audio.size)
+    for k in range(talkers):
+        voice = random_voice(rng)
+        talk = np.concatenate([tts_piece(t, voice).samples for t in PASSAGES[-1 - k]])
+        talk = np.tile(talk, -(-babble.size // talk.size))[: babble.size]
+        babble += np.roll(talk, rng.randrange(talk.size))
+    dbfs = clip.info["speech_dbfs"] - snr_db
+    audio = clip.audio + 10 ** (dbfs / 20) * babble / np.sqrt(np.mean(babble**2))
+    gaps = [{**g, "kind": "noise", "noise_dbfs": dbfs} for g in clip.gaps]
+    info = {**clip.info, "noise": {"kind": "babble", "dbfs": dbfs, "snr_db": snr_db, "talkers": talkers}}
+    return Clip(name, name, audio.astype(np.float32), clip.rate, clip.sentences, gaps, info)
+
+
+def reverberant(clip: Clip, name: str, rt60: float, seed: int, drr_db: float = 0.0) -> Clip:
+    """The clip in a room: its direct sound plus a diffuse tail (seeded Gaussian noise that
+    decays by 60 dB in `rt60` s), `drr_db` direct-to-reverberant energy ratio, the speech level
+    kept. The tail fills the pauses between sentences."""
+    rng = np.random.default_rng(seed + zlib.crc32(name.encode()))
+    t = np.arange(1, round(rt60 * clip.rate)) / clip.rate
+    tail = rng.standard_normal(t.size) * np.exp(-3 * np.log(10) * t / rt60)
+    tail *= 10 ** (-drr_db / 20) / np.sqrt(np.sum(tail**2))
+    response = torch.from_numpy(np.concatenate([[1.0], tail]))
+    wet = AF.fftconvolve(torch.from_numpy(clip.audio.astype(np.float64)), response)[: clip.audio.size].numpy()
+    wet *= np.sqrt(np.mean(clip.audio**2) / np.mean(wet**2))
+    gaps = [{**g, "kind": "reverb"} for g in clip.gaps]
+    return Clip(name, name, wet.astype(np.float32), clip.rate, clip.sentences, gaps,
+                {**clip.info, "rt60_s": rt60, "drr_db": drr_db})
 
 
 def band_pass(x: np.ndarray, rate: int, low: float, high: float, order: int = 4) -> np.ndarray:
@@ -506,6 +543,7 @@ def program_conditions(clip: Clip, seed: int) -> list[Clip]:
     out = [with_gain(clip, f"level-{-db}" if db else "level-0", db) for db in (0, -20, -30, -50)]
     out += [with_noise(clip, f"{kind}-snr{snr}", kind, speech - snr, seed)
             for kind in ("pink", "white") for snr in (20, 10)]
+    out += [with_babble(clip, "babble-snr12", 12.0, seed), reverberant(clip, "reverb", 0.5, seed)]
     return out + [telephone(clip, "telephone-8k"), stereo_44k(clip, "stereo-44k")]
 
 

@@ -181,3 +181,57 @@ def test_a_final_ended_early_at_skipped_speech_is_not_ended_there_twice():
     out = stream.apply(WindowResult("s", skipping, final=True))
     assert [w.text for w in out.committed] == [w.text for w in skipping]
     assert not request.endpoints
+
+
+def test_a_decode_caught_in_a_loop_is_a_failure_that_its_log_probability_does_not_tell():
+    from engine.model.decoding import DecodingResult
+
+    def result(stop: str = "eot", ratio: float = 1.5, logprob: float = -0.3) -> DecodingResult:
+        return DecodingResult([], "", logprob, 0.1, ratio, stop)
+
+    assert not result().looped and not result().needs_fallback
+    assert result(stop="budget").looped and result(stop="repetition").looped
+    assert result(ratio=2.5).looped and result(ratio=2.5).needs_fallback
+    assert not result(logprob=-1.5).looped and result(logprob=-1.5).needs_fallback
+
+
+def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_was():
+    """Under babble the VAD hears no pause and partials run on; a decode that says one sentence
+    over and over agrees with the next decode's loop, and agreement would commit the repeats."""
+    decided = plan(facts(pending_ms=5000), INTERVAL, 0)
+    looped = plan(WindowFacts(0, 200, False, False, False, False, None, 5000, looped=True), INTERVAL, 0)
+    assert decided.agree and decided.heard
+    assert looped.action is Action.AGREE and not looped.agree and not looped.heard
+
+    stream = speech_stream([(0, 20_000)])
+    request = stream.request
+    said = words("she said that tomatoes grow better", 0)
+    loop = said + words("nobody believed that tomatoes grow better " * 3, 2000)
+    request.num_decoded_positions = ms_to_positions(6_000)
+    assert stream.apply(WindowResult("s", said, final=False)).committed == []  # agreement needs two
+    for end_ms in (7_000, 8_000):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", loop, final=False, looped=True))
+        assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in said]
+    request.num_decoded_positions = ms_to_positions(9_000)
+    out = stream.apply(WindowResult("s", said + words("nobody believed her", 2000), final=False))
+    assert [w.text for w in out.committed] == [w.text for w in said]  # agrees with the last sound one
+
+
+def test_a_full_window_still_in_a_loop_commits_the_last_sound_tail_and_moves_on():
+    full = WindowFacts(100, 1550, False, False, False, False, 1400, 8000, looped=True)
+    decided = plan(full, INTERVAL, 0)
+    assert decided.action is Action.FORCE and not decided.heard
+    assert decided.force_until == 1550 - FORCE_KEEP_POSITIONS
+
+    stream = speech_stream([(0, 31_000)])
+    stream.add_audio(np.zeros(31 * 16000, np.float32))
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(20_000)
+    sound = words(" ".join(["word"] * 60), 0)  # up to 18 s
+    stream.apply(WindowResult("s", sound, final=False))  # the tail: nothing agrees yet
+    request.num_decoded_positions = ms_to_positions(30_000)
+    loop = words("the same thing " * 30, 0)
+    out = stream.apply(WindowResult("s", loop, final=False, looped=True))
+    assert [w.text for w in out.committed] == [w.text for w in sound]  # all end by 25 s
+    assert request.window_start == ms_to_positions(18_000)

@@ -75,12 +75,14 @@ class DecodingResult:
     speech_heard: bool = False  # (DecodingOptions.speech_heard)
 
     @property
+    def looped(self) -> bool:
+        """Whisper's signs of a decode caught in a loop: it repeated itself or ran past its
+        budget, or its text compresses too well (a sentence said over and over)."""
+        return self.stop != "eot" or self.compression_ratio > COMPRESSION_RATIO_THRESHOLD
+
+    @property
     def needs_fallback(self) -> bool:
-        return (
-            self.stop != "eot"
-            or self.compression_ratio > COMPRESSION_RATIO_THRESHOLD
-            or self.avg_logprob < LOGPROB_THRESHOLD
-        )
+        return self.looped or self.avg_logprob < LOGPROB_THRESHOLD
 
     @property
     def is_silence(self) -> bool:
