@@ -14,11 +14,11 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
   A decode caught in a loop counts for nothing: two decodes of one loop agree on it (a
-  sentence said over and over, under babble or reverberation that leaves no pause).
+  sentence said over and over, under babble that leaves no pause). Speech that repeats
+  itself looks alike (its text compresses as well): it waits for a final or a full window.
 - A window that cannot take another decode interval within 30 s commits its whole segments
-  and moves to the end of the last one, as offline Whisper seeks; with none, or a decode
-  still in a loop after the runner's fallback, it commits the tentative words that end before
-  its last 5 s and moves there.
+  and moves to the end of the last one, as offline Whisper seeks; with none, it commits the
+  words that end before its last 5 s and moves there.
 - A window over 15 s is cut at its committed end, so that decodes stay short.
 - A full window or a file's final whose decode passed over seconds of speech commits only what
   came before it (the stream's `_unskipped`; a final then reads that speech again, cut short).
@@ -82,8 +82,8 @@ class Plan:
     action: Action
     agree: bool = False  # AGREE, WHOLE, FORCE: words that agree are committed
     force_until: int = 0  # FORCE: tentative words ending by this position are committed
-    # AGREE, FORCE: the decode's words count (they agree and become the tentative tail);
-    # False for a loop: the tail stays the last decode's
+    # AGREE: the decode's words count (they agree and become the tentative tail); False for
+    # a loop: the tail stays the last decode's
     heard: bool = True
 
 
@@ -94,14 +94,15 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
         return Plan(Action.SHOW)
     if facts.final:
         return Plan(Action.FINAL)
-    heard = not facts.looped
-    agree = facts.pending_ms > agree_after_ms and heard
+    agree = facts.pending_ms > agree_after_ms
     if not commits_whole(facts.start, facts.end, False, decode_interval):
-        return Plan(Action.AGREE, agree, heard=heard)
+        if facts.looped:  # two decodes of one loop agree on it
+            return Plan(Action.AGREE, heard=False)
+        return Plan(Action.AGREE, agree)
     complete = facts.complete
-    if heard and not facts.silence and complete is not None and facts.start < complete <= facts.end:
+    if not facts.silence and complete is not None and facts.start < complete <= facts.end:
         return Plan(Action.WHOLE, agree)
-    return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS, heard=heard)
+    return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS)
 
 
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,

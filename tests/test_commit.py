@@ -218,20 +218,20 @@ def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_wa
     assert [w.text for w in out.committed] == [w.text for w in said]  # agrees with the last sound one
 
 
-def test_a_full_window_still_in_a_loop_commits_the_last_sound_tail_and_moves_on():
+def test_a_full_window_or_a_final_in_a_loop_is_committed_as_offline_commits_it():
+    """The runner re-decodes them at higher temperatures first. Speech that repeats itself (a
+    file of four copies of one utterance) compresses as well as a loop: where a full window
+    dropped its decode for that, the file lost two of the copies."""
     full = WindowFacts(100, 1550, False, False, False, False, 1400, 8000, looped=True)
     decided = plan(full, INTERVAL, 0)
-    assert decided.action is Action.FORCE and not decided.heard
-    assert decided.force_until == 1550 - FORCE_KEEP_POSITIONS
+    assert decided.action is Action.WHOLE and decided.heard
+    final = WindowFacts(100, 400, True, False, False, False, None, 8000, looped=True)
+    assert plan(final, INTERVAL, 0).action is Action.FINAL
 
     stream = speech_stream([(0, 31_000)])
     stream.add_audio(np.zeros(31 * 16000, np.float32))
     request = stream.request
-    request.num_decoded_positions = ms_to_positions(20_000)
-    sound = words(" ".join(["word"] * 60), 0)  # up to 18 s
-    stream.apply(WindowResult("s", sound, final=False))  # the tail: nothing agrees yet
     request.num_decoded_positions = ms_to_positions(30_000)
-    loop = words("the same thing " * 30, 0)
-    out = stream.apply(WindowResult("s", loop, final=False, looped=True))
-    assert [w.text for w in out.committed] == [w.text for w in sound]  # all end by 25 s
-    assert request.window_start == ms_to_positions(18_000)
+    repeated = words("he might even have been made amiable himself " * 10, 0, 370)  # to 29.6 s
+    out = stream.apply(WindowResult("s", repeated, final=False, complete_ms=29_600, looped=True))
+    assert [w.text for w in out.committed] == [w.text for w in repeated]
