@@ -19,7 +19,10 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
 - A window that cannot take another decode interval within 30 s commits its whole segments
   and moves to the end of the last one, as offline Whisper seeks; with none, it commits the
   words that end before its last 5 s and moves there.
-- A window over 15 s is cut at its committed end, so that decodes stay short.
+- A window over 15 s is cut at its committed end, so that decodes stay short; where the
+  committed words end inside a sentence that began in their last 5 s, at that sentence's start
+  instead: a window that starts inside a sentence is often read from the next one on (under
+  babble, 6 s of speech after a committed "Then," were never read).
 - A full window or a file's final whose decode passed over seconds of speech commits only what
   came before it (the stream's `_unskipped`; a final then reads that speech again, cut short).
 """
@@ -106,11 +109,12 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
 
 
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
-                     speech_after_ms: int = 0) -> int | None:
+                     speech_after_ms: int = 0, sentence_start: int | None = None) -> int | None:
     """Where the window starts once the plan is applied (None: where it was).
     `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
-    speech in the window past them, for a FINAL that committed nothing. A FINAL cut before
-    the window's end is a retry."""
+    speech in the window past them, for a FINAL that committed nothing; `sentence_start`: where
+    the committed words' unfinished sentence starts. A FINAL cut before the window's end is a
+    retry."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
@@ -126,6 +130,9 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
         return committed_end
     if length > TRIM_AFTER_POSITIONS or (facts.silence and length > FORCE_KEEP_POSITIONS):
         boundary = facts.end - FORCE_KEEP_POSITIONS if facts.silence else committed_end
+        if not facts.silence and sentence_start is not None \
+                and max(facts.start, committed_end - FORCE_KEEP_POSITIONS) < sentence_start < committed_end:
+            boundary = sentence_start  # not inside a sentence: Whisper skips its rest
         if boundary > facts.start:
             return boundary
     return None

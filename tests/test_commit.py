@@ -235,3 +235,44 @@ def test_a_full_window_or_a_final_in_a_loop_is_committed_as_offline_commits_it()
     repeated = words("he might even have been made amiable himself " * 10, 0, 370)  # to 29.6 s
     out = stream.apply(WindowResult("s", repeated, final=False, complete_ms=29_600, looped=True))
     assert [w.text for w in out.committed] == [w.text for w in repeated]
+
+
+def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_it():
+    """Under babble no pause ends a window; agreement commits up to "... in size. Then," and
+    the window, over 15 s, is cut. Cut after "Then," Whisper read the window from the next
+    sentence on and 6 s of speech were never read: it is cut before "Then" instead."""
+    from engine.policy import LocalAgreement
+
+    policy = LocalAgreement()
+    sentence = words("it has doubled in size.", 9_000, 900)  # to 13.5 s
+    policy.update(sentence + words("Then", 14_000))
+    assert policy.sentence_start_ms() is None  # nothing agreed yet
+    policy.update(sentence + words("Then shape", 14_000))
+    assert [w.text for w in policy.committed][-1] == " Then"
+    assert policy.sentence_start_ms() == 14_000 - 200
+    assert policy.sentence_start_ms(lead_ms=2_000) == 13_500  # not before "size." ends
+    policy.update(sentence + words("Then shape it.", 14_000))
+    policy.update(sentence + words("Then shape it. And", 14_000))
+    assert [w.text for w in policy.committed][-1] == " it."
+    assert policy.sentence_start_ms() is None  # the committed words end a sentence
+
+    long = facts(start=0, end=TRIM_AFTER_POSITIONS + 40)
+    committed_end = ms_to_positions(14_400)
+    assert new_window_start(long, Action.AGREE, committed_end) == committed_end
+    assert new_window_start(long, Action.AGREE, committed_end, sentence_start=ms_to_positions(13_300)) \
+        == ms_to_positions(13_300)
+    # a sentence that began over 5 s before the committed end: cut at the committed end
+    assert new_window_start(long, Action.AGREE, committed_end, sentence_start=ms_to_positions(9_000)) \
+        == committed_end
+
+    stream = speech_stream([(0, 20_000)])
+    stream.add_audio(np.zeros(20 * 16000, np.float32))
+    request = stream.request
+    said = words("leave it covered for an hour until it has doubled in size. Then", 4_000, 800)
+    for end_ms, rest in ((15_800, "shape the loaf"), (16_800, "shaped a loaf")):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", said + words(rest, 15_000), final=False))
+    assert [w.text for w in out.committed][-2:] == [" size.", " Then"]
+    then = out.committed[-1]
+    assert ms_to_positions(then.start_ms - 300) <= request.window_start <= ms_to_positions(then.start_ms)
+    assert stream.policy.num_window_committed == 1  # "Then" is read again, not in the prompt
