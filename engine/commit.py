@@ -41,6 +41,9 @@ TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # 750: a window over 15 s is c
 RETRY_SPEECH_MS = 2000
 RETRY_PROGRESS_POSITIONS = POSITIONS_PER_SECOND
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
+# a long window is cut at the start of the committed words' unfinished sentence if it began
+# within this much before their end (else at their end)
+SENTENCE_CUT_POSITIONS = 5 * POSITIONS_PER_SECOND
 
 
 class Action(enum.Enum):
@@ -87,7 +90,7 @@ class Plan:
     force_until: int = 0  # FORCE: tentative words ending by this position are committed
     # AGREE: the decode's words count (they agree and become the tentative tail); False for
     # a loop: the tail stays the last decode's
-    heard: bool = True
+    counts: bool = True
 
 
 def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
@@ -100,7 +103,7 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
     agree = facts.pending_ms > agree_after_ms
     if not commits_whole(facts.start, facts.end, False, decode_interval):
         if facts.looped:  # two decodes of one loop agree on it
-            return Plan(Action.AGREE, heard=False)
+            return Plan(Action.AGREE, counts=False)
         return Plan(Action.AGREE, agree)
     complete = facts.complete
     if not facts.silence and complete is not None and facts.start < complete <= facts.end:
@@ -131,7 +134,7 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
     if length > TRIM_AFTER_POSITIONS or (facts.silence and length > FORCE_KEEP_POSITIONS):
         boundary = facts.end - FORCE_KEEP_POSITIONS if facts.silence else committed_end
         if not facts.silence and sentence_start is not None \
-                and max(facts.start, committed_end - FORCE_KEEP_POSITIONS) < sentence_start < committed_end:
+                and max(facts.start, committed_end - SENTENCE_CUT_POSITIONS) < sentence_start < committed_end:
             boundary = sentence_start  # not inside a sentence: Whisper skips its rest
         if boundary > facts.start:
             return boundary

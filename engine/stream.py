@@ -426,7 +426,7 @@ class Stream:
             return PolicyUpdate([], words)
         if action is commit.Action.FINAL:
             return PolicyUpdate(policy.flush(words).committed, [])
-        if not plan.heard:  # a loop: neither agreement nor the tail to show
+        if not plan.counts:  # a loop: neither agreement nor the tail to show
             update = PolicyUpdate([], list(policy.previous))
         else:
             update = policy.update(words, commit=plan.agree)

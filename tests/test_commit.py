@@ -200,8 +200,8 @@ def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_wa
     over and over agrees with the next decode's loop, and agreement would commit the repeats."""
     decided = plan(facts(pending_ms=5000), INTERVAL, 0)
     looped = plan(WindowFacts(0, 200, False, False, False, False, None, 5000, looped=True), INTERVAL, 0)
-    assert decided.agree and decided.heard
-    assert looped.action is Action.AGREE and not looped.agree and not looped.heard
+    assert decided.agree and decided.counts
+    assert looped.action is Action.AGREE and not looped.agree and not looped.counts
 
     stream = speech_stream([(0, 20_000)])
     request = stream.request
@@ -224,7 +224,7 @@ def test_a_full_window_or_a_final_in_a_loop_is_committed_as_offline_commits_it()
     dropped its decode for that, the file lost two of the copies."""
     full = WindowFacts(100, 1550, False, False, False, False, 1400, 8000, looped=True)
     decided = plan(full, INTERVAL, 0)
-    assert decided.action is Action.WHOLE and decided.heard
+    assert decided.action is Action.WHOLE and decided.counts
     final = WindowFacts(100, 400, True, False, False, False, None, 8000, looped=True)
     assert plan(final, INTERVAL, 0).action is Action.FINAL
 
