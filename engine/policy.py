@@ -64,16 +64,19 @@ class LocalAgreement:
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]
 
-    def sentence_start_ms(self, lead_ms: int = 200) -> int | None:
+    def sentence_start_ms(self, within_ms: int, lead_ms: int = 200) -> int | None:
         """Where the committed words' unfinished sentence starts: `lead_ms` before its first
         word (whose time may be late), not before the sentence before it ends. None: the
-        committed words end a sentence, or none does."""
-        ends = [w.text.rstrip().endswith(SENTENCE_ENDS) for w in self.committed]
-        if not ends or ends[-1]:
+        committed words end a sentence, or none does in their last `within_ms` (the words
+        before are not looked at: a session's committed words grow for hours)."""
+        words = self.committed
+        if not words or words[-1].text.rstrip().endswith(SENTENCE_ENDS):
             return None
-        for k in range(len(ends) - 2, -1, -1):
-            if ends[k]:
-                return max(self.committed[k].end_ms, self.committed[k + 1].start_ms - lead_ms)
+        for k in range(len(words) - 2, -1, -1):
+            if words[k + 1].start_ms < words[-1].end_ms - within_ms:
+                return None
+            if words[k].text.rstrip().endswith(SENTENCE_ENDS):
+                return max(words[k].end_ms, words[k + 1].start_ms - lead_ms)
         return None
 
     def cut_window(self, start_ms: int) -> None:

@@ -350,7 +350,7 @@ class Stream:
         # a final that committed nothing new: the speech past the committed words went unheard
         stalled = final and not update.committed
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if stalled else 0
-        sentence = policy.sentence_start_ms()
+        sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
         cut = commit.new_window_start(facts, plan.action, ms_to_positions(end_ms), missed,
                                       None if sentence is None else ms_to_positions(sentence))
         if cut is not None:

@@ -246,15 +246,16 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
     policy = LocalAgreement()
     sentence = words("it has doubled in size.", 9_000, 900)  # to 13.5 s
     policy.update(sentence + words("Then", 14_000))
-    assert policy.sentence_start_ms() is None  # nothing agreed yet
+    assert policy.sentence_start_ms(5_000) is None  # nothing agreed yet
     policy.update(sentence + words("Then shape", 14_000))
     assert [w.text for w in policy.committed][-1] == " Then"
-    assert policy.sentence_start_ms() == 14_000 - 200
-    assert policy.sentence_start_ms(lead_ms=2_000) == 13_500  # not before "size." ends
+    assert policy.sentence_start_ms(5_000) == 14_000 - 200
+    assert policy.sentence_start_ms(5_000, lead_ms=2_000) == 13_500  # not before "size." ends
+    assert policy.sentence_start_ms(100) is None  # "Then" starts 0.3 s before its own end
     policy.update(sentence + words("Then shape it.", 14_000))
     policy.update(sentence + words("Then shape it. And", 14_000))
     assert [w.text for w in policy.committed][-1] == " it."
-    assert policy.sentence_start_ms() is None  # the committed words end a sentence
+    assert policy.sentence_start_ms(5_000) is None  # the committed words end a sentence
 
     long = facts(start=0, end=TRIM_AFTER_POSITIONS + 40)
     committed_end = ms_to_positions(14_400)
