@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.words import SENTENCE_ENDS, Word, timed_prompt
+from engine.words import Word, timed_prompt
 
 OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hypothesis
 TIME_TOLERANCE_MS = 100
@@ -70,12 +70,12 @@ class LocalAgreement:
         committed words end a sentence, or none does in their last `within_ms` (the words
         before are not looked at: a session's committed words grow for hours)."""
         words = self.committed
-        if not words or words[-1].text.rstrip().endswith(SENTENCE_ENDS):
+        if not words or words[-1].ends_sentence:
             return None
         for k in range(len(words) - 2, -1, -1):
             if words[k + 1].start_ms < words[-1].end_ms - within_ms:
                 return None
-            if words[k].text.rstrip().endswith(SENTENCE_ENDS):
+            if words[k].ends_sentence:
                 return max(words[k].end_ms, words[k + 1].start_ms - lead_ms)
         return None
 
@@ -145,7 +145,7 @@ class LocalAgreement:
         num_tokens = 2 if timed else 0  # the last segment's timestamps
         before = len(self.committed) - (self.num_window_committed if in_window else 0)
         for word in reversed(self.committed[max(self.prompt_floor, before - max_tokens) : before]):
-            extra = 2 if timed and word.text.rstrip().endswith(SENTENCE_ENDS) else 0
+            extra = 2 if timed and word.ends_sentence else 0
             if num_tokens + len(word.tokens) + extra > max_tokens:
                 break
             words.insert(0, word)

@@ -37,6 +37,10 @@ class Word:
     def key(self) -> str:
         return re.sub(r"[^\w']", "", self.text.lower())
 
+    @property
+    def ends_sentence(self) -> bool:
+        return self.text.rstrip().endswith(SENTENCE_ENDS)
+
 
 @dataclass
 class Segment:
@@ -124,11 +128,21 @@ def aligned_words(tokenizer: Tokenizer, tokens: list[int], starts: list[float]) 
     for k, word in enumerate(words):
         if word.end_ms - word.start_ms <= longest:
             continue
-        if k == 0 or words[k - 1].text.rstrip().endswith(SENTENCE_ENDS):
+        if k == 0 or words[k - 1].ends_sentence:
             word.start_ms = word.end_ms - longest  # the pause before it
-        elif k == len(words) - 1 or word.text.rstrip().endswith(SENTENCE_ENDS):
+        elif k == len(words) - 1 or word.ends_sentence:
             word.end_ms = word.start_ms + longest  # the pause after it
     return words
+
+
+def mark_segments(words: list[Word], segments: list[Segment]) -> None:
+    """Number each word with the segment it is in: words aligned over the segments' text in
+    one pass (a segment's text starts a word)."""
+    ends = list(accumulate(len(segment.tokens) for segment in segments))  # text tokens up to each
+    first = 0
+    for word in words:
+        word.segment = bisect.bisect_right(ends, first)
+        first += len(word.tokens)
 
 
 def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float, seconds: float,
@@ -147,11 +161,7 @@ def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float, seconds
         text = [t for segment in segments for t in segment.tokens]
         words = aligned_words(tokenizer, text,
                               [offset + min(s, seconds) for s in starts[: len(text) + 1]])
-        ends = list(accumulate(len(segment.tokens) for segment in segments))  # text tokens up to each
-        first = 0
-        for word in words:  # a segment's text starts a word
-            word.segment = bisect.bisect_right(ends, first)
-            first += len(word.tokens)
+        mark_segments(words, segments)
     else:
         for k, segment in enumerate(segments):
             for word in segment_words(tokenizer, segment.tokens, min(segment.start, limit),
@@ -188,7 +198,7 @@ def timed_prompt(words: list[Word], timestamp_begin: int) -> list[int]:
             out.append(timestamp_begin + _stamp(word.start_ms - origin))
             open_ = True
         out += word.tokens
-        if word.text.rstrip().endswith(SENTENCE_ENDS) or k == len(words) - 1:
+        if word.ends_sentence or k == len(words) - 1:
             out.append(timestamp_begin + _stamp(max(word.end_ms, word.start_ms) - origin))
             open_ = False
     return out

@@ -8,7 +8,6 @@ higher temperature when the output looks like a loop.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +31,7 @@ from engine.speech_map import (
     SpeechMap,
 )
 from engine.timeline import SAMPLE_RATE, positions_to_seconds, seconds_to_ms
-from engine.words import Segment, aligned_words, split_segments
+from engine.words import Segment, aligned_words, mark_segments, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
@@ -108,13 +107,9 @@ def _add_words(bundle: ModelBundle, segments: list[Segment],
     words = aligned_words(bundle.tokenizer, text,
                           [offset + positions_to_seconds(p) for p in starts.tolist()])
     words = speech.fit(words, drop=False, floor_ms=seconds_to_ms(offset))
-    ends = list(itertools.accumulate(len(segment.tokens) for segment in segments))
-    first, k = 0, 0  # the word's first token; its segment
+    mark_segments(words, segments)
     for word in words:
-        while first >= ends[k]:
-            k += 1
-        segments[k].words.append(word)
-        first += len(word.tokens)
+        segments[word.segment].words.append(word)
 
 
 def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: int, history: list[int],
