@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from audio.mel import DYNAMIC_RANGE, HOP_LENGTH, N_FFT, log_mel_power, normalize_log_mel
+from audio.mel import DYNAMIC_RANGE, HOP_LENGTH, N_FFT, log_mel_power, loudest_level, normalize_log_mel
 
 ITEM_SAMPLES = 1280  # 80 ms
 CONTEXT_BEFORE = 2 * HOP_LENGTH + N_FFT // 2  # 520: two mel frames + half an FFT window
@@ -80,10 +80,11 @@ class LogFloor:
     """A session's log-mel clamp floor, item by item.
 
     Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
-    counts from the loudest bin of the session so far (the item itself included), so the
-    floor is causal and each item's features depend on its samples and its floor alone (both
-    in its hash). Bounded: loud speech (loudest bins near 1) gives the upper bound, -7; speech
-    30 dB quieter about -10, where a fixed -7 clipped half of its range away."""
+    counts from the loudest level of the session so far that speech could hold (`loudest_level`:
+    held 40 ms, over 75 Hz; the item itself included), so the floor is causal and each item's
+    features depend on its samples and its floor alone (both in its hash). Bounded: loud
+    speech (loudest bins near 1) gives the upper bound, -7; speech 30 dB quieter about -10,
+    where a fixed -7 clipped half of its range away."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
@@ -92,7 +93,7 @@ class LogFloor:
     def push(self, context: np.ndarray) -> float:
         """An item's PCM context -> its floor."""
         log_spec = log_mel_power(torch.from_numpy(context), self.n_mels, center=False)
-        self.loudest = max(self.loudest, float(log_spec.max()))
+        self.loudest = max(self.loudest, loudest_level(log_spec))
         floor = round((self.loudest - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
         return min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
 

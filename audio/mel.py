@@ -16,6 +16,9 @@ N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 mel frames/s, 10 ms each
 DYNAMIC_RANGE = 8.0  # log10 units kept below the loudest bin (80 dB)
+HOLD_FRAMES = 4  # 40 ms: how long a level must hold to count as the loudest (see loudest_level)
+HOLD_RANGE = 1.0  # 10 dB: a run of frames within this of its loudest holds that level
+LOWEST_SPEECH_BIN = 2  # bins 0 and 1 (under 75 Hz: an offset, a rumble) set no floor
 SILENCE_LOG_POWER = -10.0  # log10 of the power clamp (1e-10): what digital silence gives
 
 
@@ -76,12 +79,35 @@ def normalize_log_mel(log_spec: torch.Tensor, floor: float | torch.Tensor) -> to
     return (torch.maximum(log_spec, torch.as_tensor(floor, dtype=log_spec.dtype)) + 4.0) / 4.0
 
 
-def log_mel_spectrogram(audio: torch.Tensor, n_mels: int = 80, padding: int = 0) -> torch.Tensor:
+def log_mel_spectrogram(audio: torch.Tensor, n_mels: int = 80, padding: int = 0,
+                        loudest_speech: bool = False) -> torch.Tensor:
     """(n,) float32 16 kHz -> (n_mels, (n + padding) // 160), exactly as openai/whisper.
 
-    The clamp floor is the loudest bin of the whole input minus 80 dB.
+    The clamp floor is the loudest bin of the whole input minus 80 dB, or, with
+    `loudest_speech`, the loudest level speech could hold there (`loudest_level`) minus 80 dB.
     """
     if padding > 0:
         audio = torch.nn.functional.pad(audio, (0, padding))
     log_spec = log_mel_power(audio, n_mels)
-    return normalize_log_mel(log_spec, log_spec.max() - DYNAMIC_RANGE)
+    loudest = loudest_level(log_spec) if loudest_speech else float(log_spec.max())
+    return normalize_log_mel(log_spec, loudest - DYNAMIC_RANGE)
+
+
+def loudest_level(log_spec: torch.Tensor) -> float:
+    """(n_mels, T) log mel power -> the loudest level of a sound held for `HOLD_FRAMES`
+    frames, in the bins from `LOWEST_SPEECH_BIN` up: over each run of frames (each frame's
+    loudest of those bins), the run's loudest where the run stays within `HOLD_RANGE` of it,
+    else its quietest.
+
+    Whisper's floor counts from the single loudest bin. One click of a few ms (a microphone's
+    bump, a key, a plug), or a DC offset, then sets it for the whole input, and speech 30 dB
+    quieter is clamped away: no text. A click of about 10 ms stands out of its run for at most
+    three frames, and an offset or a rumble lies under 75 Hz, where speech has no energy; a
+    vowel holds its level, so speech's loudest bin counts as Whisper counts it.
+    """
+    peaks = log_spec[..., LOWEST_SPEECH_BIN:, :].amax(dim=-2)  # (T,)
+    if peaks.shape[-1] < HOLD_FRAMES:
+        return float(peaks.max())
+    runs = peaks.unfold(-1, HOLD_FRAMES, 1)  # (T - HOLD_FRAMES + 1, HOLD_FRAMES)
+    low, high = runs.amin(dim=-1), runs.amax(dim=-1)
+    return float(torch.where(high - low <= HOLD_RANGE, high, low).max())

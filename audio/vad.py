@@ -8,10 +8,13 @@ state (`SpeechDetector`), and `detect` runs many streams' chunks in one batch.
 
 Silero is level-independent only down to a point: far under a normal level it hears less
 and less of the speech, while Whisper still transcribes it. So each stream's chunks reach
-the network with a gain that brings the loudest chunk so far up to `GAIN_TARGET_DBFS` (at
+the network with a gain that brings the loudest level so far up to `GAIN_TARGET_DBFS` (at
 most `MAX_GAIN_DB`, never down): speech at any level meets the network as speech at a
-normal one. Steady noise brought up as far is still not speech to it, and the model itself
-reads the audio as it came (docs/architecture.md, Speech tracking).
+normal one. The loudest level is one held for `HOLD_CHUNKS` chunks (within `HOLD_RANGE_DB`,
+else the quietest of them), each chunk less its mean: a click (shorter than a chunk) or a
+DC offset does not set the gain of the session, where quiet speech after it went unheard.
+Steady noise brought up as far is still not speech to it, and the model itself reads the
+audio as it came (docs/architecture.md, Speech tracking).
 
 `TurnDetector` turns the probabilities into speech started / stopped events, as Silero's
 own `get_speech_timestamps` does: speech starts at a chunk over `threshold`, and stops once
@@ -35,6 +38,8 @@ CHUNK_MS = 32
 NEG_THRESHOLD_OFFSET = 0.15  # speech continues while over threshold - this (Silero's hysteresis)
 GAIN_TARGET_DBFS = -35.0  # the loudest chunk's RMS as the network hears it, when quieter
 MAX_GAIN_DB = 36.0
+HOLD_CHUNKS = 3  # 96 ms: a level sets the gain once held this long (a click spans two chunks at most)
+HOLD_RANGE_DB = 10.0  # chunks in a row within this of the loudest of them hold its level
 
 _model: torch.jit.ScriptModule | None = None
 _model_lock = threading.Lock()
@@ -77,7 +82,8 @@ class SpeechDetector:
         self.context = torch.zeros(1, CONTEXT_SAMPLES)
         self.pending = np.zeros(0, dtype=np.float32)  # samples of the next, incomplete chunk
         self.num_chunks = 0  # chunks analysed
-        self.loudest_db = -np.inf  # RMS level of the loudest chunk so far, dBFS (sets the gain)
+        self.recent_db = np.full(HOLD_CHUNKS - 1, -np.inf)  # RMS levels of the last chunks, dBFS
+        self.loudest_db = -np.inf  # the loudest level held so far (sets the gain)
 
     def push(self, samples: np.ndarray) -> np.ndarray:
         """(n,) float32 16 kHz samples -> (k,) speech probabilities of the chunks they complete."""
@@ -85,16 +91,25 @@ class SpeechDetector:
 
     def take_chunks(self, samples: np.ndarray) -> torch.Tensor:
         """Add samples -> (k, 512) the chunks they complete (the rest waits for more), each
-        with the gain of the loudest chunk up to it, itself included (so the first word of
-        quiet speech is heard at once)."""
+        less its mean and with the gain of the loudest level held up to it, or of its own
+        level where that is louder (so the first word of quiet speech is heard at once, and
+        nothing is raised over the target). A microphone's DC offset louder than quiet speech
+        took the gain (and, brought up with the speech, the network's hearing) away."""
         data = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
         n = data.size // CHUNK_SAMPLES
         self.pending = data[n * CHUNK_SAMPLES :]
         chunks = data[: n * CHUNK_SAMPLES].reshape(n, CHUNK_SAMPLES)
-        loudest = np.maximum.accumulate(np.maximum(level_db(chunks, axis=1), self.loudest_db))  # (k,)
-        if n:
-            self.loudest_db = float(loudest[-1])
-        gain_db = np.clip(GAIN_TARGET_DBFS - loudest, 0.0, MAX_GAIN_DB)
+        if not n:
+            return torch.from_numpy(chunks)
+        chunks = chunks - chunks.mean(axis=1, keepdims=True)  # a DC offset: it is no level
+        levels = level_db(chunks, axis=1)  # (k,)
+        run = np.concatenate([self.recent_db, levels])
+        runs = np.lib.stride_tricks.sliding_window_view(run, HOLD_CHUNKS)  # (k, HOLD_CHUNKS)
+        low, high = runs.min(axis=1), runs.max(axis=1)
+        held = np.where(high - low <= HOLD_RANGE_DB, high, low)  # (k,) each run's held level
+        loudest = np.maximum.accumulate(np.maximum(held, self.loudest_db))
+        self.recent_db, self.loudest_db = run[-(HOLD_CHUNKS - 1) :], float(loudest[-1])
+        gain_db = np.clip(GAIN_TARGET_DBFS - np.maximum(loudest, levels), 0.0, MAX_GAIN_DB)
         return torch.from_numpy(chunks * (10 ** (gain_db / 20)).astype(np.float32)[:, None])
 
 

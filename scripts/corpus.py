@@ -15,6 +15,8 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - pink-snr20 / pink-snr10 / white-snr20 / white-snr10: the same program with noise throughout;
 - babble-snr12: the program with three other voices talking under it, 12 dB down;
 - reverb: the program in a room (a 0.5 s reverberation tail, as loud as the direct sound);
+- cheap-mic: the program 40 dB down on a DC offset of 1% of full scale, with a click near full
+  scale before it and in one pause in four;
 - telephone-8k: the program band-passed to 300-3400 Hz, written at 8 kHz;
 - stereo-44k: the program at 44.1 kHz in two channels (the right one 2 dB quieter);
 - gaps-silence / gaps-noise: sentences with gaps of 5-60 s of digital silence, or with a
@@ -28,7 +30,8 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 
 A manifest holds the file's rate and channels, its speech level and noise, every sentence
 (text, onset, end in seconds, speaker) and every gap between them and at both ends (start, end,
-kind "silence", "noise" or "reverb", the tail of the speech before it; noise_dbfs). Seeded:
+kind "silence", "noise", "reverb" (the tail of the speech before it) or "offset" (a DC
+offset and clicks); noise_dbfs). Seeded:
 the same seed builds the same files.
 
     scripts/dev.sh run python scripts/corpus.py [--out data/corpus] [--quick] [--seed 0]
@@ -63,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 4  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 5  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -371,7 +374,7 @@ class Clip:
     audio: np.ndarray  # (n,) mono or (n, channels) float32 at `rate`
     rate: int
     sentences: list[dict]  # text, onset, end (seconds), speaker
-    gaps: list[dict]  # start, end (seconds), kind ("silence", "noise", "reverb"), noise_dbfs
+    gaps: list[dict]  # start, end (seconds), kind ("silence", "noise", "reverb", "offset"), noise_dbfs
     info: dict = field(default_factory=dict)  # speech_dbfs, gain_db, noise
 
 
@@ -460,6 +463,26 @@ def reverberant(clip: Clip, name: str, rt60: float, seed: int, drr_db: float = 0
                 {**clip.info, "rt60_s": rt60, "drr_db": drr_db})
 
 
+def cheap_microphone(clip: Clip, name: str, db: float, offset: float, seed: int) -> Clip:
+    """The clip `db` down through a cheap microphone: a DC offset of `offset` (of full scale)
+    throughout, and a click near full scale (6 ms of a decaying burst: a bump, a key) in the
+    lead and in one pause in four. Each is louder than the speech."""
+    rng = random.Random(seed * 1_000_003 + zlib.crc32(name.encode()))
+    audio = clip.audio * 10 ** (db / 20) + offset
+    pauses = [g for g in clip.gaps[1:-1] if g["end"] - g["start"] > 0.2]
+    t = np.arange(round(0.006 * clip.rate)) / clip.rate
+    clicked = [clip.gaps[0], *rng.sample(pauses, min(len(pauses), max(1, len(pauses) // 4)))]
+    for g in clicked:
+        burst = 0.9 * np.sin(2 * np.pi * rng.uniform(800, 3000) * t) * np.exp(-t / 0.0015)
+        at = round((g["start"] + g["end"]) / 2 * clip.rate)
+        audio[at : at + t.size] += rng.choice([-1, 1]) * burst
+    offset_dbfs = round(20 * np.log10(offset), 3)
+    gaps = [{**g, "kind": "offset", "noise_dbfs": offset_dbfs} for g in clip.gaps]
+    info = {**clip.info, "speech_dbfs": clip.info["speech_dbfs"] + db, "gain_db": clip.info["gain_db"] + db,
+            "noise": {"kind": "offset", "dbfs": offset_dbfs, "clicks": len(clicked)}}
+    return Clip(name, name, audio.astype(np.float32), clip.rate, clip.sentences, gaps, info)
+
+
 def band_pass(x: np.ndarray, rate: int, low: float, high: float, order: int = 4) -> np.ndarray:
     """Zero-phase band-pass with the magnitude of an order-`order` Butterworth pair (by FFT)."""
     spectrum = np.fft.rfft(x)
@@ -544,6 +567,7 @@ def program_conditions(clip: Clip, seed: int) -> list[Clip]:
     out += [with_noise(clip, f"{kind}-snr{snr}", kind, speech - snr, seed)
             for kind in ("pink", "white") for snr in (20, 10)]
     out += [with_babble(clip, "babble-snr12", 12.0, seed), reverberant(clip, "reverb", 0.5, seed)]
+    out += [cheap_microphone(clip, "cheap-mic", -40.0, 0.01, seed)]
     return out + [telephone(clip, "telephone-8k"), stereo_44k(clip, "stereo-44k")]
 
 

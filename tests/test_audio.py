@@ -14,7 +14,7 @@ from audio.frames import CONTEXT_AFTER, ITEM_SAMPLES, AudioFramer
 from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
 from audio.stream import StreamResampler
 from audio.vad import SpeechDetector, TurnDetector, detect
-from tests.helpers import audio, encode, librivox_path
+from tests.helpers import audio, encode, librivox_path, with_click
 
 
 def test_mel_filters_match_openai_whisper():
@@ -231,20 +231,52 @@ def test_the_log_mel_floor_follows_the_loudest_bin_of_the_session():
     from audio.mel import log_mel_power
 
     samples = audio(librivox_path("0870")).numpy()
-    kept = {}
+    kept, last = {}, {}
     for db in (0, -20):
         contexts = AudioFramer().push((samples * 10 ** (db / 20)).astype(np.float32))
         log_floor = LogFloor()
         floors = [log_floor.push(c) for c in contexts]
         assert floors == sorted(floors) and LOWEST_LOG_FLOOR <= floors[0] <= floors[-1] <= STREAM_LOG_FLOOR
         log_spec = log_mel_power(torch.from_numpy(np.stack(contexts)), center=False)  # (n, 80, 11)
-        kept[db] = log_spec > torch.tensor(floors)[:, None, None]
+        kept[db], last[db] = log_spec > torch.tensor(floors)[:, None, None], floors[-1]
         if db == -20:
-            assert floors[-1] == pytest.approx(STREAM_LOG_FLOOR - 2.0)
+            assert last[-20] == pytest.approx(last[0] - 2.0) and last[0] > STREAM_LOG_FLOOR - 0.5
             clipped_by_fixed_floor = (log_spec <= STREAM_LOG_FLOOR).float().mean().item()
             bounded = torch.tensor(floors) > LOWEST_LOG_FLOOR  # room noise before the speech: not
     assert (kept[0][bounded] == kept[-20][bounded]).float().mean().item() > 0.999
     assert clipped_by_fixed_floor > kept[-20].logical_not().float().mean().item() + 0.2
+
+
+@pytest.mark.parametrize("sound", ["click", "offset"])
+def test_a_click_or_an_offset_sets_neither_the_log_mel_floor_nor_the_vad_gain(sound):
+    """Quiet speech (about -74 dBFS) after one click (a microphone's bump: 6 ms near full
+    scale), or on a DC offset of 2% of full scale: counted as the loudest sound, either set
+    the log-mel floor over the speech (streaming for the whole session, offline for the whole
+    file) and the VAD's gain under it, and the speech went unheard. The floor counts from a
+    level held for 40 ms over 75 Hz, the gain from a chunk level held for 96 ms, each chunk
+    less its mean: the floors are those of the speech alone (its loudest bin, held), and the
+    VAD hears what it hears without them."""
+    from audio.frames import LogFloor
+    from audio.mel import log_mel_power, loudest_level
+
+    speech = audio(librivox_path("0870")).numpy() * 10 ** (-50 / 20)
+    plain = np.concatenate([np.zeros(16000), speech]).astype(np.float32)
+    disturbed = with_click(speech) if sound == "click" else plain + np.float32(0.02)
+    assert np.abs(disturbed).max() > 0.019 > 10 * np.abs(plain).max()
+
+    floors = []
+    for x in (disturbed, plain):
+        log_floor = LogFloor()
+        floors.append([log_floor.push(c) for c in AudioFramer().push(x)])
+    assert floors[0] == floors[1]
+
+    whole = [log_mel_spectrogram(torch.from_numpy(x), loudest_speech=True) for x in (disturbed, plain)]
+    torch.testing.assert_close(whole[0][2:, 200:], whole[1][2:, 200:], atol=1e-3, rtol=0)  # over 75 Hz
+    log_spec = log_mel_power(torch.from_numpy(plain))
+    assert loudest_level(log_spec) == float(log_spec.max())  # held: what Whisper counts from
+
+    heard = [SpeechDetector().push(x)[40:] >= 0.5 for x in (disturbed, plain)]  # past the click
+    assert heard[1].mean() > 0.5 and (heard[0] == heard[1]).mean() > 0.97
 
 
 @pytest.mark.parametrize("fmt, codec, rate, channels", [

@@ -26,8 +26,8 @@ from scripts.corpus import (
 from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
-              "white-snr10", "babble-snr12", "reverb", "telephone-8k", "stereo-44k", "gaps-silence",
-              "gaps-noise", "long-session", "end-abrupt", "previous-set", "real-ivr"}
+              "white-snr10", "babble-snr12", "reverb", "cheap-mic", "telephone-8k", "stereo-44k",
+              "gaps-silence", "gaps-noise", "long-session", "end-abrupt", "previous-set", "real-ivr"}
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,14 @@ def test_gaps_hold_silence_or_the_declared_noise_and_sentences_hold_speech(built
             if g["kind"] == "reverb" and g["end"] - g["start"] > 0.5:  # the tail, then its decay
                 assert level_db(mono, rate, g["start"], g["start"] + 0.05) > manifest["speech_dbfs"] - 30
                 assert level_db(mono, rate, g["end"] - 0.05, g["end"]) < manifest["speech_dbfs"] - 30
+            if g["kind"] == "offset":  # the offset, louder than the speech; a click or none
+                pause = mono[int(g["start"] * rate) : int(g["end"] * rate)]
+                assert abs(20 * np.log10(np.median(pause)) - g["noise_dbfs"]) < 0.5
+                assert g["noise_dbfs"] > manifest["speech_dbfs"] + 10
+        if manifest["condition"] == "cheap-mic":
+            clicks = [g for g in manifest["gaps"]
+                      if np.abs(mono[int(g["start"] * rate) : int(g["end"] * rate)]).max() > 0.5]
+            assert clicks[0] == manifest["gaps"][0] and len(clicks) == manifest["noise"]["clicks"] > 1
         if noise:  # pooled over the gaps: short stretches of pink noise vary
             pooled = np.concatenate([mono[int((g["start"] + 0.05) * rate) : int((g["end"] - 0.05) * rate)]
                                      for g in noise])

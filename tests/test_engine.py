@@ -34,6 +34,7 @@ from tests.helpers import (
     librivox_path,
     speech_onset_ms,
     transcripts,
+    with_click,
 )
 
 
@@ -728,18 +729,25 @@ def test_a_model_too_big_for_dev_shm_runs_in_a_thread(monkeypatch, caplog):
     assert "do not fit in /dev/shm" in caplog.text
 
 
-@pytest.mark.parametrize(("db", "chunk", "most"), [(0, 3200, 0.12), (-30, 3200, 0.12), (-50, 3200, 0.2),
-                                                   (-50, 16000 * 60, 0.2)])
-def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk, most):
+@pytest.mark.parametrize(("db", "chunk", "most", "sound"), [
+    (0, 3200, 0.12, None), (-30, 3200, 0.12, None), (-50, 3200, 0.2, None),
+    (-50, 16000 * 60, 0.2, None), (-50, 3200, 0.2, "click"), (-50, 3200, 0.2, "offset")])
+def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk, most, sound):
     """Speech 30 and 50 dB down (RMS about -54 and -74 dBFS) is still speech to the VAD:
     the session gets its finals, not silence (an energy gate at -45 dBFS decoded nothing of
     it). Also when the audio comes all at once (a backlog: finals with no partial before
-    them), where Whisper's no-speech probability called windows of it silence. At -50 dB the
-    model itself reads a little worse: float32 "old-sposed" for "ill-disposed" (3 errors of
-    30), int8 on AVX2 also "and is" for "in his" (5), where both read 0 and -30 dB without
-    an error."""
+    them), where Whisper's no-speech probability called windows of it silence, and after a
+    click near full scale or on a DC offset of 2% (either set the log-mel floor and the VAD's
+    gain for the session).
+    At -50 dB the model itself reads a little worse: float32 "old-sposed" for "ill-disposed"
+    (3 errors of 30), int8 on AVX2 also "and is" for "in his" (5), where both read 0 and -30
+    dB without an error."""
     samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS[:2]], gap_seconds=1.0)
     quiet = (samples.numpy() * 10 ** (db / 20)).astype(np.float32)
+    if sound == "click":
+        quiet = with_click(quiet)
+    elif sound == "offset":
+        quiet = quiet + np.float32(0.02)
     words = stream(Engine(bundle()), ["s"], [quiet], chunk)["s"]
     errors, n = word_errors(reference, "".join(w.text for w in words))
     assert errors / n <= most, "".join(w.text for w in words)

@@ -191,7 +191,7 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
     model = bundle.model
     duration = audio.shape[0] / SAMPLE_RATE
-    mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES)
+    mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES, loudest_speech=True)
     content_frames = mel.shape[-1] - N_FRAMES
     speech = SpeechMap(VAD_THRESHOLD)
     speech.push(SpeechDetector().push(audio.float().numpy()))
