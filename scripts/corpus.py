@@ -30,9 +30,8 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 
 A manifest holds the file's rate and channels, its speech level and noise, every sentence
 (text, onset, end in seconds, speaker) and every gap between them and at both ends (start, end,
-kind "silence", "noise", "reverb" (the tail of the speech before it) or "offset" (a DC
-offset and clicks); noise_dbfs). Seeded:
-the same seed builds the same files.
+kind "silence", "noise", "reverb" (the tail of the speech before it) or "offset" (a DC offset
+and clicks); noise_dbfs). Seeded: the same seed builds the same files.
 
     scripts/dev.sh run python scripts/corpus.py [--out data/corpus] [--quick] [--seed 0]
 
