@@ -105,9 +105,16 @@ def loudest_level(log_spec: torch.Tensor) -> float:
     three frames, and an offset or a rumble lies under 75 Hz, where speech has no energy; a
     vowel holds its level, so speech's loudest bin counts as Whisper counts it.
     """
-    peaks = log_spec[..., LOWEST_SPEECH_BIN:, :].amax(dim=-2)  # (T,)
+    peaks = log_spec[..., LOWEST_SPEECH_BIN:, :].amax(dim=-2).cpu().numpy()  # (T,)
     if peaks.shape[-1] < HOLD_FRAMES:
         return float(peaks.max())
-    runs = peaks.unfold(-1, HOLD_FRAMES, 1)  # (T - HOLD_FRAMES + 1, HOLD_FRAMES)
-    low, high = runs.amin(dim=-1), runs.amax(dim=-1)
-    return float(torch.where(high - low <= HOLD_RANGE, high, low).max())
+    return float(held_levels(peaks, HOLD_FRAMES, HOLD_RANGE).max())
+
+
+def held_levels(levels: np.ndarray, run: int, within: float) -> np.ndarray:
+    """(T,) levels -> (T - run + 1,) the level each `run` in a row holds: their loudest where
+    all lie within `within` of it, else their quietest. A click stands out of its run; a
+    vowel holds its level."""
+    runs = np.lib.stride_tricks.sliding_window_view(levels, run)  # (T - run + 1, run)
+    low, high = runs.min(axis=1), runs.max(axis=1)
+    return np.where(high - low <= within, high, low)

@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from audio.mel import held_levels
+
 CHUNK_SAMPLES = 512  # 32 ms at 16 kHz: Silero's frame
 CONTEXT_SAMPLES = 64  # samples before each chunk that the network also reads
 CHUNK_MS = 32
@@ -104,9 +106,7 @@ class SpeechDetector:
         chunks = chunks - chunks.mean(axis=1, keepdims=True)  # a DC offset: it is no level
         levels = level_db(chunks, axis=1)  # (k,)
         run = np.concatenate([self.recent_db, levels])
-        runs = np.lib.stride_tricks.sliding_window_view(run, HOLD_CHUNKS)  # (k, HOLD_CHUNKS)
-        low, high = runs.min(axis=1), runs.max(axis=1)
-        held = np.where(high - low <= HOLD_RANGE_DB, high, low)  # (k,) each run's held level
+        held = held_levels(run, HOLD_CHUNKS, HOLD_RANGE_DB)  # (k,) the runs ending at each chunk
         loudest = np.maximum.accumulate(np.maximum(held, self.loudest_db))
         self.recent_db, self.loudest_db = run[-(HOLD_CHUNKS - 1) :], float(loudest[-1])
         gain_db = np.clip(GAIN_TARGET_DBFS - np.maximum(loudest, levels), 0.0, MAX_GAIN_DB)
