@@ -462,6 +462,12 @@ def reverberant(clip: Clip, name: str, rt60: float, seed: int, drr_db: float = 0
                 {**clip.info, "rt60_s": rt60, "drr_db": drr_db})
 
 
+def click(rate: int, hz: float) -> np.ndarray:
+    """6 ms of a burst at `hz` decaying from near full scale: a microphone's bump, a key."""
+    t = np.arange(round(0.006 * rate)) / rate
+    return 0.9 * np.sin(2 * np.pi * hz * t) * np.exp(-t / 0.0015)
+
+
 def cheap_microphone(clip: Clip, name: str, db: float, offset: float, seed: int) -> Clip:
     """The clip `db` down through a cheap microphone: a DC offset of `offset` (of full scale)
     throughout, and a click near full scale (6 ms of a decaying burst: a bump, a key) in the
@@ -469,12 +475,11 @@ def cheap_microphone(clip: Clip, name: str, db: float, offset: float, seed: int)
     rng = random.Random(seed * 1_000_003 + zlib.crc32(name.encode()))
     audio = clip.audio * 10 ** (db / 20) + offset
     pauses = [g for g in clip.gaps[1:-1] if g["end"] - g["start"] > 0.2]
-    t = np.arange(round(0.006 * clip.rate)) / clip.rate
     clicked = [clip.gaps[0], *rng.sample(pauses, min(len(pauses), max(1, len(pauses) // 4)))]
     for g in clicked:
-        burst = 0.9 * np.sin(2 * np.pi * rng.uniform(800, 3000) * t) * np.exp(-t / 0.0015)
+        burst = click(clip.rate, rng.uniform(800, 3000))
         at = round((g["start"] + g["end"]) / 2 * clip.rate)
-        audio[at : at + t.size] += rng.choice([-1, 1]) * burst
+        audio[at : at + burst.size] += rng.choice([-1, 1]) * burst
     offset_dbfs = round(20 * np.log10(offset), 3)
     gaps = [{**g, "kind": "offset", "noise_dbfs": offset_dbfs} for g in clip.gaps]
     info = {**clip.info, "speech_dbfs": clip.info["speech_dbfs"] + db, "gain_db": clip.info["gain_db"] + db,

@@ -126,10 +126,11 @@ def faint_noisy_speech() -> np.ndarray:
 
 
 def with_click(samples, lead_seconds: float = 1.0, at_seconds: float = 0.4) -> np.ndarray:
-    """Samples after `lead_seconds` of silence holding one click at `at_seconds`: 6 ms of a
-    decaying 1.8 kHz burst peaking near full scale (a microphone's bump, a key)."""
-    t = np.arange(96) / 16000
-    burst = 0.9 * np.sin(2 * np.pi * 1800 * t) * np.exp(-t / 0.0015)
+    """Samples after `lead_seconds` of silence holding one click at `at_seconds` (the corpus's:
+    6 ms of a decaying 1.8 kHz burst peaking near full scale)."""
+    from scripts.corpus import click
+
+    burst = click(16000, 1800.0)
     lead = np.zeros(int(16000 * lead_seconds), np.float32)
     at = int(16000 * at_seconds)
     lead[at : at + burst.size] = burst
