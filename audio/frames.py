@@ -19,6 +19,8 @@ CONTEXT_AFTER = N_FFT // 2  # 200: half an FFT window past the last mel frame
 STREAM_LOG_FLOOR = -7.0  # the streaming clamp floor's upper bound (log10 power); see below
 LOWEST_LOG_FLOOR = -11.0  # its lower bound
 FLOOR_STEP = 0.25  # floors are rounded to this: few distinct item hashes
+PAUSE_ITEMS = 4  # 320 ms without speech end an utterance (see LogFloor)
+UTTERANCE_MARGIN = 1.0  # 10 dB (log10 power): an utterance this much under the session's loudest
 
 
 class AudioFramer:
@@ -80,22 +82,68 @@ class LogFloor:
     """A session's log-mel clamp floor, item by item.
 
     Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
-    counts from the loudest level of the session so far that speech could hold (`loudest_level`:
-    held 40 ms, over 75 Hz; the item itself included), so the floor is causal and each item's
-    features depend on its samples and its floor alone (both in its hash). Bounded: loud
-    speech (loudest bins near 1) gives the upper bound, -7; speech 30 dB quieter about -10,
-    where a fixed -7 clipped half of its range away."""
+    counts from the loudest level speech could hold (`loudest_level`: held 40 ms, over 75 Hz;
+    the item itself included): the session's so far, or, where the current utterance is more
+    than `UTTERANCE_MARGIN` quieter, the utterance's (plus that margin). A voice far from the
+    microphone after a near one, or after a loud tone, then keeps its own range: counted from
+    the loudest sound of the session, the floor clipped its quiet bins away. A pause holds the
+    last utterance's floor (silence is not drawn deeper than the speech around it). The floor
+    is causal and each item's features depend on its samples and its floor alone (both in its
+    hash). Bounded: loud speech (loudest bins near 1) gives the upper bound, -7; speech 30 dB
+    quieter about -10, where a fixed -7 clipped half of its range away."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
-        self.loudest = -np.inf  # log10 mel power
+        self.loudest = -np.inf  # the session's, log10 mel power
+        self.utterance: float | None = None  # the current or last utterance's (None: no speech yet)
+        self.in_utterance = False
+        self.quiet_items = 0  # items without speech since the utterance's last speech
 
-    def push(self, context: np.ndarray) -> float:
-        """An item's PCM context -> its floor."""
-        log_spec = log_mel_power(torch.from_numpy(context), self.n_mels, center=False)
-        self.loudest = max(self.loudest, loudest_level(log_spec))
-        floor = round((self.loudest - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
+    def push(self, context: np.ndarray, speech: bool) -> float:
+        """An item's PCM context, and whether the VAD heard speech in it -> its floor."""
+        floor = round((self.next_level(context, speech) - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
         return min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
+
+    def next_level(self, context: np.ndarray, speech: bool) -> float:
+        """The next item's PCM context, and whether the VAD heard speech in it -> the level
+        its floor counts from (log10 mel power), unbounded."""
+        log_spec = log_mel_power(torch.from_numpy(context), self.n_mels, center=False)
+        level = loudest_level(log_spec)
+        self.loudest = max(self.loudest, level)
+        if speech:
+            if not self.in_utterance:
+                self.in_utterance, self.utterance = True, level
+            self.quiet_items = 0
+        elif self.in_utterance:
+            self.quiet_items += 1
+            self.in_utterance = self.quiet_items < PAUSE_ITEMS
+        if self.in_utterance:
+            self.utterance = max(self.utterance, level)
+        if self.utterance is None:
+            return self.loudest
+        return min(self.loudest, self.utterance + UTTERANCE_MARGIN)
+
+
+def item_floors(samples: np.ndarray, speech: list[bool], n_mels: int = 80,
+                bounded: bool = True) -> np.ndarray:
+    """(n,) float32 samples of a whole input and whether each of its items is speech ->
+    (items,) the floors streaming gives them (the last item padded with silence, as a flush
+    pads it); not `bounded`, the levels they count from less 80 dB, neither rounded nor
+    bounded, as Whisper's floor is."""
+    framer, log_floor = AudioFramer(), LogFloor(n_mels)
+    floors: list[float] = []
+
+    def add(contexts: list[np.ndarray]) -> None:
+        for c in contexts:
+            is_speech = speech[len(floors)]
+            floors.append(log_floor.push(c, is_speech) if bounded
+                          else log_floor.next_level(c, is_speech) - DYNAMIC_RANGE)
+
+    piece = 128 * ITEM_SAMPLES  # seconds at a time: an hour's contexts at once are gigabytes
+    for at in range(0, samples.size, piece):
+        add(framer.push(samples[at : at + piece]))
+    add(framer.flush())
+    return np.asarray(floors, dtype=np.float32)
 
 
 def item_log_mel(contexts: torch.Tensor, n_mels: int = 80,

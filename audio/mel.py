@@ -80,17 +80,19 @@ def normalize_log_mel(log_spec: torch.Tensor, floor: float | torch.Tensor) -> to
 
 
 def log_mel_spectrogram(audio: torch.Tensor, n_mels: int = 80, padding: int = 0,
-                        loudest_speech: bool = False) -> torch.Tensor:
+                        floors: torch.Tensor | None = None) -> torch.Tensor:
     """(n,) float32 16 kHz -> (n_mels, (n + padding) // 160), exactly as openai/whisper.
 
-    The clamp floor is the loudest bin of the whole input minus 80 dB, or, with
-    `loudest_speech`, the loudest level speech could hold there (`loudest_level`) minus 80 dB.
-    """
+    The clamp floor is the loudest bin of the whole input minus 80 dB, or each frame's of
+    `floors` (frames,) (streaming's, audio.frames.item_floors; the last one holds on)."""
     if padding > 0:
         audio = torch.nn.functional.pad(audio, (0, padding))
     log_spec = log_mel_power(audio, n_mels)
-    loudest = loudest_level(log_spec) if loudest_speech else float(log_spec.max())
-    return normalize_log_mel(log_spec, loudest - DYNAMIC_RANGE)
+    if floors is None:
+        return normalize_log_mel(log_spec, float(log_spec.max()) - DYNAMIC_RANGE)
+    frames = log_spec.shape[-1]
+    floors = torch.cat([floors[:frames], floors[-1:].expand(max(frames - floors.numel(), 0))])
+    return normalize_log_mel(log_spec, floors.to(log_spec.dtype))
 
 
 def loudest_level(log_spec: torch.Tensor) -> float:

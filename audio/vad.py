@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -138,6 +139,23 @@ def detect(detectors: list[SpeechDetector], samples: list[np.ndarray]) -> list[n
     for d, p in zip(detectors, probs, strict=True):
         d.num_chunks += p.size
     return probs
+
+
+def heard(probs: Iterable[float], in_speech: bool, threshold: float) -> bool:
+    """Whether chunks hold speech: one at or above the threshold or, right after speech, at
+    or above the threshold less Silero's hysteresis."""
+    return max(probs, default=0.0) >= threshold - (NEG_THRESHOLD_OFFSET if in_speech else 0.0)
+
+
+def item_speech(probs: np.ndarray, num_items: int, item_samples: int, threshold: float) -> list[bool]:
+    """(chunks,) probabilities of a whole input -> whether each item is speech, as a stream
+    tracks it (`heard` over the chunks across the item)."""
+    out, in_speech = [], False
+    for item in range(num_items):
+        lo, hi = item * item_samples // CHUNK_SAMPLES, -(-(item + 1) * item_samples // CHUNK_SAMPLES)
+        in_speech = heard(probs[lo:hi].tolist(), in_speech, threshold)
+        out.append(in_speech)
+    return out
 
 
 @dataclass

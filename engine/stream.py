@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from audio.frames import AudioFramer, LogFloor
-from audio.vad import CHUNK_SAMPLES, NEG_THRESHOLD_OFFSET, SpeechDetector
+from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard
 from engine import commit
 from engine.config import EngineConfig
 from engine.model_runner import WindowResult
@@ -112,13 +112,13 @@ class Stream:
         self.request = Request(request_id, background=background)
         self.framer = AudioFramer(config.item_samples)
         self.floor = LogFloor(n_mels)
+        self.contexts: deque[np.ndarray] = deque()  # framed items waiting for the VAD (see hear)
         self.vad = SpeechDetector()  # fed the timeline's samples, padding included
         self.unheard: list[np.ndarray] = []  # samples added since the VAD last ran (Engine.hear)
         self.speech_probs: deque[float] = deque()  # VAD chunks from `first_chunk` on
         self.first_chunk = 0
         self.in_speech = False  # the last item tracked was speech
-        self.num_tracked = 0  # items whose speech is tracked
-        self.num_flushed = 0  # items before the last flush: tracked without waiting for a chunk
+        self.num_flushed = 0  # items before the last flush: made without waiting for a chunk
         self.speech = SpeechMap(config.vad_threshold)
         self.policy = LocalAgreement()
         self.padding = PaddingMap()
@@ -154,7 +154,7 @@ class Stream:
         request = self.request
         end = request.num_decoded_positions
         if request.last_speech_end <= end:
-            end = max(end, self.num_tracked * self.item_positions)
+            end = max(end, request.num_positions)
         return positions_to_samples(end)
 
     # ------------------------------------------------------------------ commands
@@ -165,13 +165,13 @@ class Stream:
             raise ValueError(f"request {self.request_id!r} is finished; no more audio")
         samples = np.asarray(samples, np.float32)
         self.unheard.append(samples)
-        self._add_items(self.framer.push(samples))
+        self.contexts.extend(self.framer.push(samples))
 
     def flush(self) -> None:
         """Decode and commit everything received so far (the session stays open)."""
         if not self.request.input_finished:  # else finishing commits everything anyway
             self._flush_framer()
-            self.request.flush_position = max(self.request.num_positions, 1)
+            self.request.flush_position = max(self.framer.num_items * self.item_positions, 1)
 
     def finish(self) -> None:
         """No more audio: commit everything, then end."""
@@ -183,19 +183,10 @@ class Stream:
         framer = self.framer
         padding = -framer.num_samples % framer.item_samples  # what flush() adds
         self.unheard.append(np.zeros(padding, np.float32))
-        self._add_items(framer.flush())
-        self.num_flushed = self.request.num_items
+        self.contexts.extend(framer.flush())
+        self.num_flushed = framer.num_items
         if padding:
             self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
-
-    def _add_items(self, contexts: list[np.ndarray]) -> None:
-        request = self.request
-        for context in contexts:
-            offset = request.num_positions
-            floor = self.floor.push(context)
-            request.mm_features.append(MMFeature(item_hash(context, floor, self.key),
-                                                 PlaceholderRange(offset, self.item_positions),
-                                                 (context, floor)))
 
     # ------------------------------------------------------------------ speech
 
@@ -206,19 +197,26 @@ class Stream:
         return samples
 
     def hear(self, probs: np.ndarray) -> None:
-        """The VAD's probabilities of the chunks the taken samples completed: track the speech
-        of every item they cover. An item waits for the chunk across its end (so the decision
-        does not depend on how the audio arrived), except before a flush, where none follows."""
+        """The VAD's probabilities of the chunks the taken samples completed: make the items
+        they cover and track their speech. An item waits for the chunk across its end (so the
+        decision does not depend on how the audio arrived), except before a flush, where none
+        follows; its log-mel floor depends on that decision (LogFloor)."""
         self.speech_probs.extend(probs)
         self.speech.push(probs)
-        size = self.config.item_samples
-        heard = self.vad.num_chunks * CHUNK_SAMPLES
-        while self.num_tracked < self.request.num_items:
-            end = (self.num_tracked + 1) * size
-            if -(-end // CHUNK_SAMPLES) * CHUNK_SAMPLES > heard and self.num_tracked >= self.num_flushed:
+        request, size = self.request, self.config.item_samples
+        analysed = self.vad.num_chunks * CHUNK_SAMPLES
+        while self.contexts:
+            item = request.num_items
+            end = (item + 1) * size
+            if -(-end // CHUNK_SAMPLES) * CHUNK_SAMPLES > analysed and item >= self.num_flushed:
                 break
-            self._track_speech(self.num_tracked)
-            self.num_tracked += 1
+            speech = self._is_speech(item)
+            context = self.contexts.popleft()
+            floor = self.floor.push(context, speech)
+            request.mm_features.append(MMFeature(item_hash(context, floor, self.key),
+                                                 PlaceholderRange(request.num_positions, self.item_positions),
+                                                 (context, floor)))
+            self._track_speech(item, speech)
 
     def _is_speech(self, item: int) -> bool:
         """Whether the VAD heard speech in the item: a chunk over it at or above the threshold,
@@ -230,24 +228,21 @@ class Stream:
         probs = self.speech_probs
         lo = max(start // CHUNK_SAMPLES - self.first_chunk, 0)
         hi = min(-(-end // CHUNK_SAMPLES) - self.first_chunk, len(probs))
-        peak = max((probs[j] for j in range(lo, hi)), default=0.0)
+        across = [probs[j] for j in range(lo, hi)]
         while probs and (self.first_chunk + 1) * CHUNK_SAMPLES <= end:  # chunks before the next item
             probs.popleft()
             self.first_chunk += 1
-        threshold = self.config.vad_threshold
-        if self.in_speech:
-            threshold -= NEG_THRESHOLD_OFFSET
-        self.in_speech = peak >= threshold
+        self.in_speech = heard(across, self.in_speech, self.config.vad_threshold)
         return self.in_speech
 
-    def _track_speech(self, item: int) -> None:
+    def _track_speech(self, item: int, speech: bool) -> None:
         """After an item: note where speech last was (the scheduler decodes no silence), and
         mark an endpoint once `endpoint_ms` of silence follow speech (since the last endpoint).
         The window that reaches it ends there and is final: committed whole, one decode of a
         complete utterance with no agreement to wait for."""
         request = self.request
         end = (item + 1) * self.item_positions
-        if self._is_speech(item):
+        if speech:
             request.last_speech_end = end
         elif self.endpoint_positions is None:
             return

@@ -135,3 +135,31 @@ def with_click(samples, lead_seconds: float = 1.0, at_seconds: float = 0.4) -> n
     at = int(16000 * at_seconds)
     lead[at : at + burst.size] = burst
     return np.concatenate([lead, np.asarray(samples, np.float32)])
+
+
+LOUD_WORDS = "Please hold while I connect your call."
+
+
+def after_loud_sound(samples, sound: str) -> np.ndarray:
+    """Samples after a loud sound and a second of silence: "tone" (0.4 s of 1 kHz at -9 dBFS,
+    a phone's beep) or "speech" (an espeak voice saying `LOUD_WORDS` at the corpus's normal
+    level, -23 dBFS)."""
+    from scripts.corpus import Voice, tts_piece
+
+    if sound == "tone":
+        lead = 0.5 * np.sin(2 * np.pi * 1000 * np.arange(6400) / 16000)
+    else:
+        lead = tts_piece(LOUD_WORDS, Voice("espeak", "en-us", 160)).samples
+    silence = np.zeros(16000, np.float32)
+    return np.concatenate([lead.astype(np.float32), silence, np.asarray(samples, np.float32)])
+
+
+def floors_of(samples: np.ndarray) -> np.ndarray:
+    """(n,) float32 samples -> (items,) their log-mel floors, as offline and streaming give them."""
+    from audio.frames import ITEM_SAMPLES, item_floors
+    from audio.vad import SpeechDetector, item_speech
+    from engine.config import EngineConfig
+
+    is_speech = item_speech(SpeechDetector().push(samples), -(-samples.size // ITEM_SAMPLES), ITEM_SAMPLES,
+                            EngineConfig.vad_threshold)
+    return item_floors(samples, is_speech)

@@ -110,14 +110,18 @@ def words(text: str, start_ms: int, step_ms: int = 300) -> list[Word]:
             for i, w in enumerate(text.split())]
 
 
-def speech_stream(runs_ms: list[tuple[int, int]], background: bool = False) -> Stream:
-    """A stream whose VAD heard speech in these runs (ms), as Engine.hear would tell it."""
+def speech_stream(runs_ms: list[tuple[int, int]], background: bool = False, seconds: int = 0) -> Stream:
+    """A stream of `seconds` of audio (silence: it is not read here) whose VAD heard speech in
+    these runs (ms), as Engine.hear would tell it."""
     stream = Stream("s", EngineConfig(), b"k" * 16, timestamp_begin=50363, background=background)
     end = max(b for _, b in runs_ms) + 2000
     chunk_ms = CHUNK_SAMPLES * 1000 // 16000
     probs = np.array([float(any(a <= k * chunk_ms < b for a, b in runs_ms))
                       for k in range(end // chunk_ms)], np.float32)
-    stream.speech.push(probs)
+    stream.add_audio(np.zeros(seconds * 16000, np.float32))
+    stream.take_unheard()
+    stream.vad.num_chunks = probs.size
+    stream.hear(probs)
     return stream
 
 
@@ -151,8 +155,7 @@ def test_a_files_final_that_skips_speech_commits_nothing_and_is_decoded_again_to
 def test_a_window_cut_at_a_complete_segment_starts_before_the_next_onset():
     """Whisper's seek moves a full window to its last complete segment's end, which may lie
     past the onset of the next sentence; the next window starts before that onset."""
-    stream = speech_stream([(0, 28_400), (29_200, 31_000)])
-    stream.add_audio(np.zeros(31 * 16000, np.float32))  # (the audio itself is not read here)
+    stream = speech_stream([(0, 28_400), (29_200, 31_000)], seconds=31)
     request = stream.request
     request.num_decoded_positions = ms_to_positions(30_000)
     said = words(" ".join(["word"] * 71), 0, 400)  # up to 28.4 s
@@ -228,8 +231,7 @@ def test_a_full_window_or_a_final_in_a_loop_is_committed_as_offline_commits_it()
     final = WindowFacts(100, 400, True, False, False, False, None, 8000, looped=True)
     assert plan(final, INTERVAL, 0).action is Action.FINAL
 
-    stream = speech_stream([(0, 31_000)])
-    stream.add_audio(np.zeros(31 * 16000, np.float32))
+    stream = speech_stream([(0, 31_000)], seconds=31)
     request = stream.request
     request.num_decoded_positions = ms_to_positions(30_000)
     repeated = words("he might even have been made amiable himself " * 10, 0, 370)  # to 29.6 s
@@ -266,8 +268,7 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
     assert new_window_start(long, Action.AGREE, committed_end, sentence_start=ms_to_positions(9_000)) \
         == committed_end
 
-    stream = speech_stream([(0, 20_000)])
-    stream.add_audio(np.zeros(20 * 16000, np.float32))
+    stream = speech_stream([(0, 20_000)], seconds=20)
     request = stream.request
     said = words("leave it covered for an hour until it has doubled in size. Then", 4_000, 800)
     for end_ms, rest in ((15_800, "shape the loaf"), (16_800, "shaped a loaf")):

@@ -13,24 +13,35 @@ import torch
 
 from app.engine_loop import EngineLoop
 from app.metrics import Metrics
-from audio.frames import STREAM_LOG_FLOOR, AudioFramer, item_log_mel
+from audio.frames import (
+    ITEM_SAMPLES,
+    STREAM_LOG_FLOOR,
+    UTTERANCE_MARGIN,
+    AudioFramer,
+    item_log_mel,
+)
 from audio.mel import DYNAMIC_RANGE, log_mel_power, normalize_log_mel
+from audio.vad import detect
 from engine import worker
 from engine.config import EngineConfig
 from engine.engine import Engine, StepInput
 from engine.model.transcribe import transcribe
 from engine.model.whisper import ModelDimensions, Whisper
 from engine.model_runner import ModelRunner
+from engine.stream import Stream, hash_key
 from scripts.corpus import align
 from scripts.wer import normalize, word_errors
 from tests.helpers import (
     ARCTIC_IDS,
     DEVICE,
+    LOUD_WORDS,
+    after_loud_sound,
     audio,
     bundle,
     concatenated,
     fail_decodes,
     faint_noisy_speech,
+    floors_of,
     librivox_path,
     speech_onset_ms,
     transcripts,
@@ -95,6 +106,38 @@ def test_window_padding_is_whisper_padding_at_any_level(db):
     pad = Engine(bundle()).runner.pad(floor)
     tolerance = 1e-4 if model.dtype == torch.float32 else 1e-2
     assert (whole[-100:-10] - pad).abs().max().item() < tolerance  # (the end: the conv's zeros)
+
+
+@pytest.mark.parametrize(("db", "sound"), [(-40, "tone"), (-30, "speech")])
+def test_a_quiet_voice_after_a_loud_sound_keeps_its_own_log_mel_floor(db, sound):
+    """Counted from the loudest sound of the session (offline, of the file), the log-mel floor
+    lay over a voice 30 dB under a loud one before it, or 40 dB under a loud beep: most of its
+    range clamped away. An utterance more than 10 dB under the session's loudest counts from
+    its own loudest level (plus those 10 dB), as it would alone. Streaming (the audio in
+    uneven pieces, each item made once the VAD has heard it) and offline (`item_floors`) give
+    every item the same floor."""
+    quiet = (audio(librivox_path("0870")).numpy() * 10 ** (db / 20)).astype(np.float32)
+    samples = after_loud_sound(quiet, sound)
+    lead = samples.size - quiet.size
+    alone = np.concatenate([np.zeros(lead, np.float32), quiet])
+
+    floors, floors_alone = floors_of(samples), floors_of(alone)
+    # its items from a second in (the VAD has heard it by then)
+    voice = slice((lead + speech_onset_ms(quiet) * 16 + 16000) // ITEM_SAMPLES, None)
+    loud = floors[: lead // ITEM_SAMPLES].max()
+    assert loud >= STREAM_LOG_FLOOR - 0.5 and floors[voice].max() <= loud - 1.5
+    assert np.all(floors[voice] <= floors_alone[voice] + UTTERANCE_MARGIN)
+
+    stream = Stream("s", EngineConfig(), hash_key("model", ITEM_SAMPLES), 0)
+    rng, at = np.random.default_rng(0), 0
+    while at < samples.size:
+        size = int(rng.integers(100, 6000))
+        stream.add_audio(samples[at : at + size])
+        at += size
+        stream.hear(detect([stream.vad], [stream.take_unheard()])[0])
+    stream.finish()
+    stream.hear(detect([stream.vad], [stream.take_unheard()])[0])
+    assert [f.data[1] for f in stream.request.mm_features] == floors.tolist()
 
 
 def test_streaming_matches_offline_transcription():
@@ -188,6 +231,7 @@ def test_processor_cache_inject_skips_processing_and_counts_hits():
     x = audio(librivox_path("0880")).numpy()[:16000]
     engine.add_request("r")
     engine.add_audio("r", x)
+    engine.hear()
     request = engine.streams["r"].request
     # features computed "outside" (as a client sending log-mel would): same values
     contexts = torch.from_numpy(np.stack([f.data[0] for f in request.mm_features]))
@@ -309,7 +353,7 @@ def test_an_endpoint_comes_after_whole_silent_items(endpoint_ms, silent_items):
             break
         engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
     # at the end of the last item the VAD has heard whole (the next waits for its last chunk)
-    assert list(request.endpoints) == [stream.num_tracked * stream.item_positions]
+    assert list(request.endpoints) == [request.num_positions]
     assert request.num_positions - request.endpoints[0] <= stream.item_positions
     silence = request.endpoints[0] - request.last_speech_end
     assert silence // stream.item_positions == silent_items
@@ -731,14 +775,16 @@ def test_a_model_too_big_for_dev_shm_runs_in_a_thread(monkeypatch, caplog):
 
 @pytest.mark.parametrize(("db", "chunk", "most", "sound"), [
     (0, 3200, 0.12, None), (-30, 3200, 0.12, None), (-50, 3200, 0.2, None),
-    (-50, 16000 * 60, 0.2, None), (-50, 3200, 0.2, "click"), (-50, 3200, 0.2, "offset")])
+    (-50, 16000 * 60, 0.2, None), (-50, 3200, 0.2, "click"), (-50, 3200, 0.2, "offset"),
+    (-30, 3200, 0.12, "tone"), (-30, 3200, 0.12, "speech")])
 def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk, most, sound):
     """Speech 30 and 50 dB down (RMS about -54 and -74 dBFS) is still speech to the VAD:
     the session gets its finals, not silence (an energy gate at -45 dBFS decoded nothing of
     it). Also when the audio comes all at once (a backlog: finals with no partial before
-    them), where Whisper's no-speech probability called windows of it silence, and after a
+    them), where Whisper's no-speech probability called windows of it silence; after a
     click near full scale or on a DC offset of 2% (either set the log-mel floor and the VAD's
-    gain for the session).
+    gain for the session); and 30 dB under a loud voice or a loud beep before it (a far voice
+    after a near one: counted from the session's loudest sound, the floor lay over it).
     At -50 dB the model itself reads a little worse: float32 "old-sposed" for "ill-disposed"
     (3 errors of 30), int8 on AVX2 also "and is" for "in his" (5), where both read 0 and -30
     dB without an error."""
@@ -748,6 +794,9 @@ def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk, most, sound):
         quiet = with_click(quiet)
     elif sound == "offset":
         quiet = quiet + np.float32(0.02)
+    elif sound in ("tone", "speech"):
+        quiet = after_loud_sound(quiet, sound)
+        reference = f"{LOUD_WORDS} {reference}" if sound == "speech" else reference
     words = stream(Engine(bundle()), ["s"], [quiet], chunk)["s"]
     errors, n = word_errors(reference, "".join(w.text for w in words))
     assert errors / n <= most, "".join(w.text for w in words)
@@ -835,7 +884,7 @@ def test_where_speech_is_does_not_depend_on_how_the_audio_arrives():
         for i in range(0, samples.size, size):
             engine.add_audio("s", samples[i : i + size])
             engine.hear()
-            trace[stream.num_tracked] = stream.request.last_speech_end
+            trace[stream.request.num_items] = stream.request.last_speech_end
         engine.flush("s")
         engine.hear()
         return trace, list(stream.request.endpoints)

@@ -17,6 +17,8 @@ from scripts.wer import normalize, word_errors
 from tests.helpers import (
     ARCTIC_IDS,
     CARDS,
+    LOUD_WORDS,
+    after_loud_sound,
     audio,
     bundle,
     concatenated,
@@ -53,18 +55,23 @@ def test_arctic_set_word_error_rate_at_most_15_percent():
     assert errors / words <= 0.15, f"WER {errors / words:.1%}"
 
 
-@pytest.mark.parametrize("sound", [None, "click", "offset"])
-def test_quiet_speech_keeps_every_sentence(sound):
+@pytest.mark.parametrize(("db", "sound"), [(-50, None), (-50, "click"), (-50, "offset"), (-40, "tone"),
+                                         (-30, "speech")])
+def test_quiet_speech_keeps_every_sentence(db, sound):
     """Speech 50 dB down (RMS about -74 dBFS): the VAD still hears it (the detector's gain), so
     no segment of it is dropped as unheard and no window of it as Whisper's silence. Also
     after a click near full scale or on a DC offset of 2%, which counted as the file's loudest
-    sound set the log-mel floor over the speech and the VAD's gain under it."""
+    sound set the log-mel floor over the speech and the VAD's gain under it; and 30 or 40 dB under a
+    loud voice or a loud beep before it, which set the floor over it too."""
     samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS], gap_seconds=1.0)
-    samples = samples * 10 ** (-50 / 20)
+    samples = samples * 10 ** (db / 20)
     if sound == "click":
         samples = torch.from_numpy(with_click(samples.numpy()))
     elif sound == "offset":
         samples = samples + 0.02
+    elif sound in ("tone", "speech"):
+        samples = torch.from_numpy(after_loud_sound(samples.numpy(), sound))
+        reference = f"{LOUD_WORDS} {reference}" if sound == "speech" else reference
     result = transcribe(bundle(), samples)
     errors, n = word_errors(reference, result.text)
     assert errors / n <= 0.15, result.text
