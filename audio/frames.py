@@ -82,15 +82,16 @@ class LogFloor:
     """A session's log-mel clamp floor, item by item.
 
     Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
-    counts from the loudest level speech could hold (`loudest_level`: held 40 ms, over 75 Hz;
-    the item itself included): the session's so far, or, where the current utterance is more
-    than `UTTERANCE_MARGIN` quieter, the utterance's (plus that margin). A voice far from the
-    microphone after a near one, or after a loud tone, then keeps its own range: counted from
-    the loudest sound of the session, the floor clipped its quiet bins away. A pause holds the
-    last utterance's floor (silence is not drawn deeper than the speech around it). The floor
-    is causal and each item's features depend on its samples and its floor alone (both in its
-    hash). Bounded: loud speech (loudest bins near 1) gives the upper bound, -7; speech 30 dB
-    quieter about -10, where a fixed -7 clipped half of its range away."""
+    counts from the loudest level speech could hold (`loudest_level`: held 40 ms, over 75
+    Hz; the item itself included): the session's so far, or, where the current utterance is
+    more than `UTTERANCE_MARGIN` quieter, the utterance's (plus that margin). A voice far
+    from the microphone after a near one, or after a loud tone, then keeps its own range
+    (counted from the loudest sound of the session, the floor would clip its quiet bins
+    away). A pause holds the last utterance's floor (silence is not drawn deeper than the
+    speech around it). The floor is causal and each item's features depend on its samples
+    and its floor alone (both in its hash). Bounded: loud speech (loudest bins near 1) gives
+    the upper bound, -7; speech 30 dB quieter about -10, where a fixed -7 clipped half of
+    its range away."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
