@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from audio.mel import DYNAMIC_RANGE, HOP_LENGTH, N_FFT, log_mel_power, loudest_level, normalize_log_mel
+from audio.vad import item_speech
 
 ITEM_SAMPLES = 1280  # 80 ms
 CONTEXT_BEFORE = 2 * HOP_LENGTH + N_FFT // 2  # 520: two mel frames + half an FFT window
@@ -97,8 +98,7 @@ class LogFloor:
         self.n_mels = n_mels
         self.loudest = -np.inf  # the session's, log10 mel power
         self.utterance: float | None = None  # the current or last utterance's (None: no speech yet)
-        self.in_utterance = False
-        self.quiet_items = 0  # items without speech since the utterance's last speech
+        self.quiet_items = 0  # items without speech since the last speech: PAUSE_ITEMS end it
 
     def push(self, context: np.ndarray, speech: bool) -> float:
         """An item's PCM context, and whether the VAD heard speech in it -> its floor."""
@@ -112,25 +112,25 @@ class LogFloor:
         level = loudest_level(log_spec)
         self.loudest = max(self.loudest, level)
         if speech:
-            if not self.in_utterance:
-                self.in_utterance, self.utterance = True, level
+            if self.utterance is None or self.quiet_items >= PAUSE_ITEMS:
+                self.utterance = level  # a new utterance
             self.quiet_items = 0
-        elif self.in_utterance:
+        else:
             self.quiet_items += 1
-            self.in_utterance = self.quiet_items < PAUSE_ITEMS
-        if self.in_utterance:
-            self.utterance = max(self.utterance, level)
         if self.utterance is None:
             return self.loudest
+        if self.quiet_items < PAUSE_ITEMS:
+            self.utterance = max(self.utterance, level)
         return min(self.loudest, self.utterance + UTTERANCE_MARGIN)
 
 
-def item_floors(samples: np.ndarray, speech: list[bool], n_mels: int = 80,
+def item_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n_mels: int = 80,
                 bounded: bool = True) -> np.ndarray:
-    """(n,) float32 samples of a whole input and whether each of its items is speech ->
-    (items,) the floors streaming gives them (the last item padded with silence, as a flush
-    pads it); not `bounded`, the levels they count from less 80 dB, neither rounded nor
-    bounded, as Whisper's floor is."""
+    """(n,) float32 samples of a whole input and the VAD's (chunks,) probabilities of them ->
+    (items,) the floors streaming gives their items (the last one padded with silence, as a
+    flush pads it); not `bounded`, the levels they count from less 80 dB, neither rounded
+    nor bounded, as Whisper's floor is."""
+    speech = item_speech(probs, -(-samples.size // ITEM_SAMPLES), ITEM_SAMPLES, threshold)
     framer, log_floor = AudioFramer(), LogFloor(n_mels)
     floors: list[float] = []
 

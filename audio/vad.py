@@ -147,12 +147,17 @@ def heard(probs: Iterable[float], in_speech: bool, threshold: float) -> bool:
     return max(probs, default=0.0) >= threshold - (NEG_THRESHOLD_OFFSET if in_speech else 0.0)
 
 
+def item_chunks(item: int, item_samples: int) -> tuple[int, int]:
+    """An item -> (first, end) of the chunks across it."""
+    return item * item_samples // CHUNK_SAMPLES, -(-(item + 1) * item_samples // CHUNK_SAMPLES)
+
+
 def item_speech(probs: np.ndarray, num_items: int, item_samples: int, threshold: float) -> list[bool]:
     """(chunks,) probabilities of a whole input -> whether each item is speech, as a stream
     tracks it (`heard` over the chunks across the item)."""
     out, in_speech = [], False
     for item in range(num_items):
-        lo, hi = item * item_samples // CHUNK_SAMPLES, -(-(item + 1) * item_samples // CHUNK_SAMPLES)
+        lo, hi = item_chunks(item, item_samples)
         in_speech = heard(probs[lo:hi].tolist(), in_speech, threshold)
         out.append(in_speech)
     return out

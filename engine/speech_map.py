@@ -6,7 +6,7 @@ import bisect
 
 import numpy as np
 
-from audio.vad import CHUNK_SAMPLES, NEG_THRESHOLD_OFFSET
+from audio.vad import CHUNK_SAMPLES, heard
 from engine.timeline import samples_to_ms
 from engine.words import Word
 
@@ -49,7 +49,7 @@ class SpeechMap:
         for prob in probs:
             k = self.num_chunks
             self.num_chunks += 1
-            self.in_speech = prob >= self.threshold - (NEG_THRESHOLD_OFFSET if self.in_speech else 0.0)
+            self.in_speech = heard((prob,), self.in_speech, self.threshold)
             if not self.in_speech:
                 continue
             start, end = samples_to_ms(k * CHUNK_SAMPLES), samples_to_ms((k + 1) * CHUNK_SAMPLES)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from audio.frames import AudioFramer, LogFloor
-from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard
+from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard, item_chunks
 from engine import commit
 from engine.config import EngineConfig
 from engine.model_runner import WindowResult
@@ -223,11 +223,10 @@ class Stream:
         or, right after speech, at or above the threshold less Silero's hysteresis. (The last
         chunk of an item, when a flush padded it, may not be analysed yet: it counts for the
         next one.)"""
-        size = self.config.item_samples
-        start, end = item * size, (item + 1) * size
+        end = (item + 1) * self.config.item_samples
         probs = self.speech_probs
-        lo = max(start // CHUNK_SAMPLES - self.first_chunk, 0)
-        hi = min(-(-end // CHUNK_SAMPLES) - self.first_chunk, len(probs))
+        first, last = item_chunks(item, self.config.item_samples)
+        lo, hi = max(first - self.first_chunk, 0), min(last - self.first_chunk, len(probs))
         across = [probs[j] for j in range(lo, hi)]
         while probs and (self.first_chunk + 1) * CHUNK_SAMPLES <= end:  # chunks before the next item
             probs.popleft()

@@ -156,10 +156,8 @@ def after_loud_sound(samples, sound: str) -> np.ndarray:
 
 def floors_of(samples: np.ndarray) -> np.ndarray:
     """(n,) float32 samples -> (items,) their log-mel floors, as offline and streaming give them."""
-    from audio.frames import ITEM_SAMPLES, item_floors
-    from audio.vad import SpeechDetector, item_speech
+    from audio.frames import item_floors
+    from audio.vad import SpeechDetector
     from engine.config import EngineConfig
 
-    is_speech = item_speech(SpeechDetector().push(samples), -(-samples.size // ITEM_SAMPLES), ITEM_SAMPLES,
-                            EngineConfig.vad_threshold)
-    return item_floors(samples, is_speech)
+    return item_floors(samples, SpeechDetector().push(samples), EngineConfig.vad_threshold)

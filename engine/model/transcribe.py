@@ -14,7 +14,7 @@ import torch
 
 from audio.frames import ITEM_SAMPLES, item_floors
 from audio.mel import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
-from audio.vad import SpeechDetector, item_speech
+from audio.vad import SpeechDetector
 from engine.config import EngineConfig
 from engine.model import ModelBundle
 from engine.model.decoding import (
@@ -192,15 +192,15 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
     model = bundle.model
     duration = audio.shape[0] / SAMPLE_RATE
-    samples = audio.float().numpy()
+    audio = audio.float()
+    samples = audio.numpy()
     probs = SpeechDetector().push(samples)
     speech = SpeechMap(VAD_THRESHOLD)
     speech.push(probs)
     # the log-mel floor of each item, by streaming's rule (audio.frames.LogFloor) without its
     # bounds: with one voice, Whisper's
-    is_speech = item_speech(probs, -(-samples.size // ITEM_SAMPLES), ITEM_SAMPLES, VAD_THRESHOLD)
-    floors = torch.from_numpy(item_floors(samples, is_speech, model.dims.n_mels, bounded=False))
-    mel = log_mel_spectrogram(audio.float(), model.dims.n_mels, padding=N_SAMPLES,
+    floors = torch.from_numpy(item_floors(samples, probs, VAD_THRESHOLD, model.dims.n_mels, bounded=False))
+    mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES,
                               floors=floors.repeat_interleave(ITEM_SAMPLES // HOP_LENGTH))
     content_frames = mel.shape[-1] - N_FRAMES
     segments: list[Segment] = []
