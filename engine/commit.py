@@ -6,11 +6,12 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
 - A preview (a partial over only the audio since the last final) shows words, never commits.
 - A final window (it ends at a pause, a flush or the end of the input) commits its decode
   whole; it is cut there when it was flushed or is long, else its utterance stays in the
-  window as context for the next one (a short window alone decodes worse). A final that
-  committed nothing although seconds of speech follow the committed words (Whisper,
-  re-reading a committed utterance it was given as context, may end its text there) is cut
-  at its committed end instead, and decoded again from there: that speech is never cut
-  away unheard.
+  window as context for the next one (a short window alone decodes worse). A final whose
+  committed words end seconds of speech before its end (Whisper, re-reading a committed
+  utterance it was given as context, may end its text there; a file's final may stop
+  before its last sentence) is cut at its committed end instead, and decoded again from
+  there: that speech is never cut away unheard. So is a final whose decode passed over the
+  committed words in its window (their times would be the alignment's guess), uncommitted.
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
   A decode caught in a loop counts for nothing: two decodes of one loop agree on it (a
@@ -35,9 +36,9 @@ from dataclasses import dataclass
 from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND
 
 TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # 750: a window over 15 s is cut at its commit
-# a final that committed nothing, with this much VAD speech past the committed words and
-# this much committed audio in its window, is decoded again from the committed end (a word
-# end aligned early leaves well under 2 s of speech behind it)
+# a final with this much VAD speech past its committed words and this much committed audio in
+# its window is decoded again from the committed end (a word end aligned early leaves well
+# under 2 s of speech behind it)
 RETRY_SPEECH_MS = 2000
 RETRY_PROGRESS_POSITIONS = POSITIONS_PER_SECOND
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
@@ -111,19 +112,31 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
     return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS)
 
 
+def retries(facts: WindowFacts, committed_end: int, speech_after_ms: int, reread: bool) -> bool:
+    """Whether a final is decoded again from the committed end (`committed_end`, in
+    positions), which lies a second or more into its window: `speech_after_ms` of VAD speech
+    follow it (2 s or more), or its decode did not read the window's committed words again
+    (`reread`: LocalAgreement.rereads), and so is not committed."""
+    if committed_end < facts.start + RETRY_PROGRESS_POSITIONS:
+        return False
+    return not reread or speech_after_ms >= RETRY_SPEECH_MS
+
+
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
-                     speech_after_ms: int = 0, sentence_start: int | None = None) -> int | None:
+                     speech_after_ms: int = 0, sentence_start: int | None = None,
+                     reread: bool = True) -> int | None:
     """Where the window starts once the plan is applied (None: where it was).
     `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
-    speech in the window past them, for a FINAL that committed nothing; `sentence_start`: where
-    the committed words' unfinished sentence starts. A FINAL cut before the window's end is a
+    speech in the window past them, for a FINAL; `sentence_start`: where
+    the committed words' unfinished sentence starts; `reread`: whether a FINAL's decode read
+    the window's committed words again (`retries`). A FINAL cut before the window's end is a
     retry."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
     if action is Action.FINAL:
-        if speech_after_ms >= RETRY_SPEECH_MS and committed_end >= facts.start + RETRY_PROGRESS_POSITIONS:
-            return committed_end  # (the retry starts there: it is never retried itself)
+        if retries(facts, committed_end, speech_after_ms, reread):
+            return committed_end  # (each retry starts a second or more later: they end)
         return facts.end if facts.flushed or length > TRIM_AFTER_POSITIONS else None
     if action is Action.WHOLE:
         return facts.complete

@@ -50,7 +50,16 @@ class LocalAgreement:
         n = self.num_window_committed
         if n == 0:
             return hypothesis
-        keys = [w.key for w in hypothesis]
+        end = self._tail_end([w.key for w in hypothesis])
+        if end is not None:
+            return hypothesis[end:]
+        cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
+        return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]
+
+    def _tail_end(self, keys: list[str]) -> int | None:
+        """Where the window's committed words end in a hypothesis (its word keys), found by
+        their tail (`_trim`); None: not found."""
+        n = self.num_window_committed
         committed = [w.key for w in self.committed[len(self.committed) - n :]]
         for m in range(min(OVERLAP_NGRAM, n), 0, -1):
             for skip in (0, 1) if m + 1 <= n else (0,):
@@ -60,9 +69,22 @@ class LocalAgreement:
                 j = min(hits, key=lambda j: abs(j - expected), default=None)
                 slack = TRIM_SLACK_WORDS * (m if m >= LONG_TAIL_WORDS else 1)
                 if j is not None and abs(j - expected) <= slack:
-                    return hypothesis[j + m + skip :]
+                    return j + m + skip
+        return None
+
+    def rereads(self, hypothesis: list[Word]) -> bool:
+        """Whether a decode of the window read its committed words again: their tail is in
+        it, or at least a quarter as many of its words lie before their end (a garbled re-read
+        has fewer words than the committed text, rarely under half as many). Whisper, given them
+        as context, may pass over them to the new speech; the alignment then stretches its
+        few words over their audio, and their times no longer tell the new words from the
+        old ("He might even have been made amiable himself." over 13 s, its first three
+        words placed in the committed sentences)."""
+        n = self.num_window_committed
+        if n == 0 or not hypothesis or self._tail_end([w.key for w in hypothesis]) is not None:
+            return True  # (an empty decode misplaces nothing: `flush` keeps the tentative tail)
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
-        return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]
+        return 4 * sum((w.start_ms + w.end_ms) // 2 < cutoff for w in hypothesis) >= n
 
     def sentence_start_ms(self, within_ms: int, lead_ms: int = 200) -> int | None:
         """Where the committed words' unfinished sentence starts: `lead_ms` before its first
@@ -80,9 +102,13 @@ class LocalAgreement:
         return None
 
     def cut_window(self, start_ms: int) -> None:
-        """The decode window now starts at `start_ms`: committed words before it leave it."""
+        """The decode window now starts at `start_ms`: committed words before it leave it, and
+        so does one ending within TIME_TOLERANCE_MS after it. (A window cut at the committed end
+        starts on an item, up to 80 ms before it: counted in the window, the last word left the
+        prompt without its full stop, and a re-decode found it in the new speech, " it" in
+        "Leave it covered", and dropped the words up to there.)"""
         n = self.num_window_committed
-        while n > 0 and self.committed[-n].end_ms <= start_ms:
+        while n > 0 and self.committed[-n].end_ms <= start_ms + TIME_TOLERANCE_MS:
             n -= 1
         self.num_window_committed = n
 

@@ -338,15 +338,18 @@ class Stream:
                 plan = commit.Plan(commit.Action.AGREE)
             elif plan.action is commit.Action.WHOLE:
                 plan = commit.plan(facts, interval, self.config.agree_after)
-        update = self._commit(plan, words)
-        end_ms = policy.committed_end_ms
         final = plan.action is commit.Action.FINAL
-        # a final that committed nothing new: the speech past the committed words went unheard
-        stalled = final and not update.committed
-        missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if stalled else 0
+        # a final that passed over the window's committed words commits nothing: it is
+        # decoded again from their end (`commit.retries`)
+        reread = not final or policy.rereads(words)
+        redo = commit.retries(facts, ms_to_positions(policy.committed_end_ms), 0, reread)
+        update = PolicyUpdate([], []) if redo else self._commit(plan, words)
+        end_ms = policy.committed_end_ms
+        # a final's speech past the committed words went unheard (`commit.retries`)
+        missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
         sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
         cut = commit.new_window_start(facts, plan.action, ms_to_positions(end_ms), missed,
-                                      None if sentence is None else ms_to_positions(sentence))
+                                      None if sentence is None else ms_to_positions(sentence), not redo)
         if cut is not None:
             self._cut(cut)
         retry = final and cut is not None and cut < facts.end

@@ -278,3 +278,73 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
     then = out.committed[-1]
     assert ms_to_positions(then.start_ms - 300) <= request.window_start <= ms_to_positions(then.start_ms)
     assert stream.policy.num_window_committed == 1  # "Then" is read again, not in the prompt
+
+
+def test_a_final_that_passes_over_its_windows_committed_words_is_decoded_again_from_their_end():
+    """Given a window's committed words as its prompt, Whisper may pass over their audio to the
+    new speech; the alignment then stretches the new words back over it ("He might even have
+    been made amiable himself." over 13 s, its first words among the committed sentences).
+    Such a final commits nothing and is decoded again from the committed end."""
+    said = "he might even have been made amiable himself"
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(4_400)
+    request.endpoints.append(ms_to_positions(4_400))
+    first = words("the first sentence ends right here", 400, 600)  # to 4.0 s
+    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
+    assert request.window_start == 0  # a short final stays in the window as context
+
+    request.num_decoded_positions = ms_to_positions(9_400)
+    request.endpoints.append(ms_to_positions(9_400))
+    passing = words(said, 3_000, 900)  # one of its words before the committed end
+    assert stream.apply(WindowResult("s", passing, final=True)).committed == []
+    assert request.window_start == ms_to_positions(4_000) and Scheduler.final_due(request)
+
+    out = stream.apply(WindowResult("s", words(said, 5_000, 500), final=True))
+    assert " ".join(w.text.strip() for w in out.committed) == said
+    assert out.committed[0].start_ms > 4_900 and not Scheduler.final_due(request)
+
+    # a decode that reads the committed words again commits the new ones, in one final
+    again = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    again.request.num_decoded_positions = ms_to_positions(4_400)
+    again.apply(WindowResult("s", first, final=True))
+    again.request.num_decoded_positions = ms_to_positions(9_400)
+    out = again.apply(WindowResult("s", first + words(said, 5_000, 500), final=True))
+    assert " ".join(w.text.strip() for w in out.committed) == said
+
+
+def test_a_window_cut_at_the_committed_end_holds_none_of_the_committed_words():
+    """The cut starts the window on an item, up to 80 ms before the committed end: the last
+    committed word is not in the window (it stays in the prompt), and a decode that says it
+    again in new speech keeps every word."""
+    from engine.policy import LocalAgreement
+
+    policy = LocalAgreement()
+    policy.flush(words("and slightly cook it.", 7_534, 300))  # to 8.734 s
+    policy.cut_window(8_720)
+    assert policy.num_window_committed == 0
+    said = "Leave it covered in a warm place"
+    out = policy.flush(words(said, 9_800))
+    assert " ".join(w.text.strip() for w in out.committed) == said
+    policy.cut_window(11_400)  # a cut inside the committed words keeps those past it
+    assert policy.num_window_committed == 2
+
+
+def test_a_final_that_stops_seconds_of_speech_short_of_its_end_is_decoded_again_from_there():
+    """A file's final read to "... than he was." and passed over the last sentence; cut short
+    at the pause after that sentence, it passed over it again, and the file lost it. A final
+    whose committed words end 2 s or more of VAD speech before its end is decoded again from
+    there, whatever it committed before them."""
+    stream = speech_stream([(0, 10_000), (11_000, 14_000)], background=True, seconds=15)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(14_400)
+    request.endpoints.append(ms_to_positions(14_400))
+    first = words("the first sentence is read", 0, 2_000)  # to 10 s
+    assert stream.apply(WindowResult("s", first, final=True)).committed == []  # cut short next
+    request.num_decoded_positions = request.endpoints[0]
+    out = stream.apply(WindowResult("s", first, final=True))  # the last sentence passed over again
+    assert len(out.committed) == 5
+    assert request.window_start == ms_to_positions(10_000) and Scheduler.final_due(request)
+    last = words("then the last sentence", 11_000, 700)
+    out = stream.apply(WindowResult("s", last, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in last]
