@@ -112,30 +112,30 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
     return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS)
 
 
-def retries(facts: WindowFacts, committed_end: int, speech_after_ms: int, reread: bool) -> bool:
+def retries(facts: WindowFacts, committed_end: int, speech_after_ms: int, passed_over: bool) -> bool:
     """Whether a final is decoded again from the committed end (`committed_end`, in
     positions), which lies a second or more into its window: `speech_after_ms` of VAD speech
-    follow it (2 s or more), or its decode did not read the window's committed words again
-    (`reread`: LocalAgreement.rereads), and so is not committed."""
+    follow it (2 s or more), or its decode passed over the window's committed words
+    (`passed_over`: not LocalAgreement.rereads), and so is not committed."""
     if committed_end < facts.start + RETRY_PROGRESS_POSITIONS:
         return False
-    return not reread or speech_after_ms >= RETRY_SPEECH_MS
+    return passed_over or speech_after_ms >= RETRY_SPEECH_MS
 
 
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
                      speech_after_ms: int = 0, sentence_start: int | None = None,
-                     reread: bool = True) -> int | None:
+                     passed_over: bool = False) -> int | None:
     """Where the window starts once the plan is applied (None: where it was).
     `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
     speech in the window past them, for a FINAL; `sentence_start`: where
-    the committed words' unfinished sentence starts; `reread`: whether a FINAL's decode read
-    the window's committed words again (`retries`). A FINAL cut before the window's end is a
-    retry."""
+    the committed words' unfinished sentence starts; `passed_over`: a FINAL's decode passed
+    over the window's committed words and was not committed (`retries`). A FINAL cut before
+    the window's end is a retry."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
     if action is Action.FINAL:
-        if retries(facts, committed_end, speech_after_ms, reread):
+        if retries(facts, committed_end, speech_after_ms, passed_over):
             return committed_end  # (each retry starts a second or more later: they end)
         return facts.end if facts.flushed or length > TRIM_AFTER_POSITIONS else None
     if action is Action.WHOLE:

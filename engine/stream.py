@@ -341,15 +341,15 @@ class Stream:
         final = plan.action is commit.Action.FINAL
         # a final that passed over the window's committed words commits nothing: it is
         # decoded again from their end (`commit.retries`)
-        reread = not final or policy.rereads(words)
-        redo = commit.retries(facts, ms_to_positions(policy.committed_end_ms), 0, reread)
+        passed_over = final and not policy.rereads(words)
+        redo = commit.retries(facts, ms_to_positions(policy.committed_end_ms), 0, passed_over)
         update = PolicyUpdate([], []) if redo else self._commit(plan, words)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
         sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
         cut = commit.new_window_start(facts, plan.action, ms_to_positions(end_ms), missed,
-                                      None if sentence is None else ms_to_positions(sentence), not redo)
+                                      None if sentence is None else ms_to_positions(sentence), redo)
         if cut is not None:
             self._cut(cut)
         retry = final and cut is not None and cut < facts.end
