@@ -26,6 +26,8 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   babble, 6 s of speech after a committed "Then," were never read).
 - A full window or a file's final whose decode passed over seconds of speech commits only what
   came before it (the stream's `_unskipped`; a final then reads that speech again, cut short).
+  So do agreement and a live final (the stream's `_before_skip`), where that speech begins a
+  second or more into the window: agreement waits, and the final is retried from there.
 """
 
 from __future__ import annotations
@@ -117,9 +119,15 @@ def retries(facts: WindowFacts, committed_end: int, speech_after_ms: int, passed
     positions), which lies a second or more into its window: `speech_after_ms` of VAD speech
     follow it (2 s or more), or its decode passed over the window's committed words
     (`passed_over`: not LocalAgreement.rereads), and so is not committed."""
-    if committed_end < facts.start + RETRY_PROGRESS_POSITIONS:
+    if not may_retry(facts, committed_end):
         return False
     return passed_over or speech_after_ms >= RETRY_SPEECH_MS
+
+
+def may_retry(facts: WindowFacts, committed_end: int) -> bool:
+    """Whether a final whose committed words end at `committed_end` may be decoded again from
+    there: a second or more into its window (each retry starts that much later: they end)."""
+    return committed_end >= facts.start + RETRY_PROGRESS_POSITIONS
 
 
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,

@@ -339,6 +339,8 @@ class Stream:
             elif plan.action is commit.Action.WHOLE:
                 plan = commit.plan(facts, interval, self.config.agree_after)
         final = plan.action is commit.Action.FINAL
+        if (plan.action is commit.Action.AGREE and plan.counts) or (final and not request.background):
+            words = self._before_skip(facts, words)
         # a final that passed over the window's committed words commits nothing: it is
         # decoded again from their end (`commit.retries`)
         passed_over = final and not policy.rereads(words)
@@ -413,6 +415,21 @@ class Stream:
         if resume is not None:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
+
+    def _before_skip(self, facts: commit.WindowFacts, words: list[Word]) -> list[Word]:
+        """The words of a partial's or a live final's decode that may be committed: none past
+        seconds of VAD speech that no word covers, after the committed words and a second or
+        more into the window, where words follow it (Whisper, reading on from the window's
+        committed words, passed over a sentence: under babble two partials that passed over
+        "She said that tomatoes..." agreed on the sentence after it). Agreement waits; a final
+        is retried from its committed end (`commit.retries`: speech past its committed words).
+        Speech skipped from the window's start is not read better from the same start: those
+        words are kept as decoded; so is speech at the window's end that no word reads yet."""
+        start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
+        hole = self.speech.unheard(start_ms, positions_to_ms(facts.end), words, UNHEARD_SPEECH_MS)
+        if hole is None or not commit.may_retry(facts, ms_to_positions(hole[0])):
+            return words
+        return [w for w in words if w.end_ms <= hole[0]]
 
     def _commit(self, plan: commit.Plan, words: list[Word]) -> PolicyUpdate:
         policy, action = self.policy, plan.action

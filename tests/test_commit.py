@@ -348,3 +348,42 @@ def test_a_final_that_stops_seconds_of_speech_short_of_its_end_is_decoded_again_
     last = words("then the last sentence", 11_000, 700)
     out = stream.apply(WindowResult("s", last, final=True))
     assert [w.text for w in out.committed] == [w.text for w in last]
+
+
+def test_agreement_and_a_live_final_commit_no_word_past_speech_their_decodes_skipped():
+    """Under babble, two partials that both passed over "She said that tomatoes grow better..."
+    agreed on the sentence after it, and the sentence was lost. Agreement commits the words
+    before seconds of VAD speech that no word covers; a live final that skips it commits the
+    same and is retried from there."""
+    runs = [(0, 4_000), (5_000, 9_000), (10_000, 13_000)]
+    first = words("my grandmother talked to her plants.", 400, 600)  # to 4.0 s
+    skipped = words("she said that tomatoes grow better", 5_000, 600)
+    after = words("nobody believed her", 10_000, 900)
+    stream = speech_stream(runs, seconds=15)
+    request = stream.request
+    for end_ms in (13_000, 14_000):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", first + after, final=False))
+    assert [w.text for w in out.committed] == [w.text for w in first] and out.tentative == []
+    # speech at the window's end that no word reads yet is no skip
+    request.num_decoded_positions = ms_to_positions(15_000)
+    stream.apply(WindowResult("s", first + skipped[:2], final=False))
+    out = stream.apply(WindowResult("s", first + skipped[:2], final=False))
+    assert [w.text for w in out.committed] == [w.text for w in skipped[:2]]
+
+    live = speech_stream(runs, seconds=15)
+    request = live.request
+    request.num_decoded_positions = ms_to_positions(14_400)
+    request.endpoints.append(ms_to_positions(14_400))
+    out = live.apply(WindowResult("s", first + after, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in first]
+    assert request.window_start == ms_to_positions(4_000) and Scheduler.final_due(request)
+    out = live.apply(WindowResult("s", skipped + after, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in skipped + after]
+    assert not Scheduler.final_due(request)
+    # read from the committed end, the speech is skipped again: the words are kept as decoded
+    again = speech_stream(runs, seconds=15)
+    again.request.num_decoded_positions = ms_to_positions(14_400)
+    again.apply(WindowResult("s", first + after, final=True))
+    out = again.apply(WindowResult("s", after, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in after]
