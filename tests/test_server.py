@@ -393,6 +393,7 @@ async def test_engine_failure_ends_only_that_session(tmp_path, monkeypatch):
             fail_decodes(monkeypatch, server.engine.runner, {session_id})
             healthy = asyncio.create_task(listen(server, samples))
             await ws.send(pcm16_at(samples, 16000))
+            await ws.send(json.dumps({"type": "CloseStream"}))  # its final is due at once
             messages = await receive_all(ws)
         assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "engine_error"
         assert ws.close_code == 1011
