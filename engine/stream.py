@@ -344,7 +344,7 @@ class Stream:
         # a final that passed over the window's committed words commits nothing: it is
         # decoded again from their end (`commit.retries`)
         passed_over = final and not policy.rereads(words)
-        redo = commit.retries(facts, ms_to_positions(policy.committed_end_ms), 0, passed_over)
+        redo = passed_over and commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         update = PolicyUpdate([], []) if redo else self._commit(plan, words)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
