@@ -144,7 +144,10 @@ async def test_overload_warns_pushes_back_and_refuses_new_sessions(tmp_path):
             await reader
         rejected = server.metrics.value("voxtide_sessions_rejected_total", reason="overloaded")
     warnings = [m for m in messages if m["type"] == "Warning"]
-    assert warnings and all(m["code"] == "rate_limited" and m["backlog_ms"] > 1000 for m in warnings)
+    assert warnings and all(m["code"] == "rate_limited" for m in warnings)
+    # the lag warnings say how far behind; a slow host may also shed partials, said without one
+    behind = [m for m in warnings if "backlog_ms" in m]
+    assert behind and all(m["backlog_ms"] > 1000 for m in behind)
     # reading paused at 3 s of backlog: never more than that plus the message in hand and the
     # part of an 80 ms item the framer holds (decodes end at item edges)
     assert max(backlogs) <= 3.0 + 0.1 + 0.08 + 0.01
