@@ -19,11 +19,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from audio.frames import AudioFramer, LogFloor
-from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard, item_chunks
+from audio.frames import CONTEXT_BEFORE, AudioFramer, LogFloor
+from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard, item_chunks, level_db
 from engine import commit
 from engine.config import EngineConfig
 from engine.model_runner import WindowResult
+from engine.pauses import PauseTracker
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
@@ -135,7 +136,13 @@ class Stream:
             # windows end at long silences only, as offline `transcribe`'s; between them they
             # run 30 s and seek, and each utterance is read with the speech after it
             endpoint_ms = max(endpoint_ms, LONG_SILENCE_MS)
-        self.endpoint_positions = ms_to_positions(endpoint_ms) if endpoint_ms is not None else None
+        # a live talker's pauses include quieter stretches under other voices; a file's long
+        # silences are the VAD's
+        self.pauses: PauseTracker | None = None
+        if endpoint_ms is not None:
+            items = -(-ms_to_positions(endpoint_ms) // self.item_positions)
+            self.pauses = PauseTracker(samples_to_ms(config.item_samples), items, not background)
+        self.voice_end = 0  # end of the last item that was no pause (positions)
 
     @property
     def request_id(self) -> str:
@@ -216,7 +223,8 @@ class Stream:
             request.mm_features.append(MMFeature(item_hash(context, floor, self.key),
                                                  PlaceholderRange(request.num_positions, self.item_positions),
                                                  (context, floor)))
-            self._track_speech(item, speech)
+            samples = context[CONTEXT_BEFORE : CONTEXT_BEFORE + size]
+            self._track_speech(item, speech, float(level_db(samples - samples.mean())))
 
     def _is_speech(self, item: int) -> bool:
         """Whether the VAD heard speech in the item: a chunk over it at or above the threshold,
@@ -234,19 +242,21 @@ class Stream:
         self.in_speech = heard(across, self.in_speech, self.config.vad_threshold)
         return self.in_speech
 
-    def _track_speech(self, item: int, speech: bool) -> None:
-        """After an item: note where speech last was (the scheduler decodes no silence), and
-        mark an endpoint once `endpoint_ms` of silence follow speech (since the last endpoint).
-        The window that reaches it ends there and is final: committed whole, one decode of a
+    def _track_speech(self, item: int, speech: bool, level: float) -> None:
+        """After an item (the VAD's decision, its level in dBFS): note where speech last was
+        (the scheduler decodes no silence), and mark an endpoint once `endpoint_ms` of the
+        talker's pause follow its speech (since the last endpoint; engine/pauses.py). The
+        window that reaches it ends there and is final: committed whole, one decode of a
         complete utterance with no agreement to wait for."""
         request = self.request
         end = (item + 1) * self.item_positions
         if speech:
             request.last_speech_end = end
-        elif self.endpoint_positions is None:
+        if self.pauses is None:
             return
-        elif (request.last_speech_end > max(request.last_endpoint, request.window_start)
-              and end - request.last_speech_end >= self.endpoint_positions):
+        if not self.pauses.push(speech, level):
+            self.voice_end = end
+        elif self.pauses.ends_utterance and self.voice_end > max(request.last_endpoint, request.window_start):
             request.endpoints.append(end)
             request.last_endpoint = end
 

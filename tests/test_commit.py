@@ -128,8 +128,12 @@ def speech_stream(runs_ms: list[tuple[int, int]], background: bool = False, seco
 def test_a_files_windows_end_at_long_silences_only():
     """A live session's final falls due at a short pause; a file's audio is there before its
     decode, so its windows run on to a long silence and seek, as offline `transcribe`'s."""
-    assert speech_stream([(0, 1000)]).endpoint_positions == ms_to_positions(EngineConfig.endpoint_ms)
-    assert speech_stream([(0, 1000)], background=True).endpoint_positions == ms_to_positions(LONG_SILENCE_MS)
+    live, file = speech_stream([(0, 1000)]).pauses, speech_stream([(0, 1000)], background=True).pauses
+    assert live is not None and file is not None
+    item_ms = EngineConfig.item_samples // 16
+    assert live.endpoint_items == -(-ms_to_positions(EngineConfig.endpoint_ms) * 20 // item_ms) == 3
+    assert file.endpoint_items == -(-LONG_SILENCE_MS // item_ms) == 38
+    assert live.dips and not file.dips  # (engine/pauses.py: a talker's pauses under other voices)
 
 
 def test_a_files_final_that_skips_speech_commits_nothing_and_is_decoded_again_to_the_pause():

@@ -19,7 +19,7 @@ def test_ruff_clean():
 
 def test_scheduler_and_cache_managers_do_not_import_torch():
     for name in ("request.py", "mm_window.py", "scheduler.py", "encoder_cache.py", "policy.py",
-                 "commit.py", "timeline.py", "words.py"):
+                 "commit.py", "pauses.py", "timeline.py", "words.py"):
         source = (ROOT / "engine" / name).read_text()
         assert "import torch" not in source, name
 
