@@ -142,7 +142,6 @@ class Stream:
         if endpoint_ms is not None:
             items = -(-ms_to_positions(endpoint_ms) // self.item_positions)
             self.pauses = PauseTracker(samples_to_ms(config.item_samples), items, not background)
-        self.voice_end = 0  # end of the last item that was no pause (positions)
 
     @property
     def request_id(self) -> str:
@@ -254,11 +253,11 @@ class Stream:
             request.last_speech_end = end
         if self.pauses is None:
             return
-        if not self.pauses.push(speech, level):
-            self.voice_end = end
-        elif self.pauses.ends_utterance and self.voice_end > max(request.last_endpoint, request.window_start):
-            request.endpoints.append(end)
-            request.last_endpoint = end
+        if self.pauses.push(speech, level) and self.pauses.ends_utterance:
+            voice_end = end - self.pauses.pause_items * self.item_positions  # where the pause began
+            if voice_end > max(request.last_endpoint, request.window_start):
+                request.endpoints.append(end)
+                request.last_endpoint = end
 
     def skip_silence(self) -> None:
         """Start the window shortly before speech that follows a long silence, once
@@ -403,9 +402,8 @@ class Stream:
         which reads that audio cut short. A full window then starts before speech that begins
         after its last word kept: a late segment end cuts off its onset."""
         speech = self.speech
-        start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
         end_ms = positions_to_ms(facts.end if facts.final else facts.complete or 0)
-        hole = speech.unheard(start_ms, end_ms, words, UNHEARD_SPEECH_MS)
+        hole = self._skipped(facts, end_ms, words)
         if hole is not None:
             kept = [w for w in words if w.end_ms <= hole[0]]
             if not kept or facts.final:
@@ -435,11 +433,18 @@ class Stream:
         is retried from its committed end (`commit.retries`: speech past its committed words).
         Speech skipped from the window's start is not read better from the same start: those
         words are kept as decoded; so is speech at the window's end that no word reads yet."""
-        start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
-        hole = self.speech.unheard(start_ms, positions_to_ms(facts.end), words, UNHEARD_SPEECH_MS)
+        hole = self._skipped(facts, positions_to_ms(facts.end), words)
         if hole is None or not commit.may_retry(facts, ms_to_positions(hole[0])):
             return words
         return [w for w in words if w.end_ms <= hole[0]]
+
+    def _skipped(self, facts: commit.WindowFacts, end_ms: int, words: list[Word]) -> tuple[int, int] | None:
+        """Speech a decode of the window passed over: the first stretch between its words,
+        past the committed words and up to `end_ms`, in which the VAD heard UNHEARD_SPEECH_MS
+        or more (`SpeechMap.unheard`, ms); None: none. `_unskipped` and `_before_skip` are
+        the two answers to it."""
+        start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
+        return self.speech.unheard(start_ms, end_ms, words, UNHEARD_SPEECH_MS)
 
     def _commit(self, plan: commit.Plan, words: list[Word]) -> PolicyUpdate:
         policy, action = self.policy, plan.action
