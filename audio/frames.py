@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from audio.mel import DYNAMIC_RANGE, HOP_LENGTH, N_FFT, log_mel_power, loudest_level, normalize_log_mel
+from audio.mel import DYNAMIC_RANGE, HOP_LENGTH, N_FFT, log_mel_power, loudest_levels, normalize_log_mel
 from audio.vad import item_speech
 
 ITEM_SAMPLES = 1280  # 80 ms
@@ -100,16 +100,15 @@ class LogFloor:
         self.utterance: float | None = None  # the current or last utterance's (None: no speech yet)
         self.quiet_items = 0  # items without speech since the last speech: PAUSE_ITEMS end it
 
-    def push(self, context: np.ndarray, speech: bool) -> float:
-        """An item's PCM context, and whether the VAD heard speech in it -> its floor."""
-        floor = round((self.next_level(context, speech) - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
+    def push(self, level: float, speech: bool) -> float:
+        """The next item's loudest level (`item_levels`) and whether the VAD heard speech in
+        it -> its floor."""
+        floor = round((self.next_level(level, speech) - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
         return min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
 
-    def next_level(self, context: np.ndarray, speech: bool) -> float:
-        """The next item's PCM context, and whether the VAD heard speech in it -> the level
+    def next_level(self, level: float, speech: bool) -> float:
+        """The next item's loudest level and whether the VAD heard speech in it -> the level
         its floor counts from (log10 mel power), unbounded."""
-        log_spec = log_mel_power(torch.from_numpy(context), self.n_mels, center=False)
-        level = loudest_level(log_spec)
         self.loudest = max(self.loudest, level)
         if speech:
             if self.utterance is None or self.quiet_items >= PAUSE_ITEMS:
@@ -135,16 +134,24 @@ def item_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n_mels
     floors: list[float] = []
 
     def add(contexts: list[np.ndarray]) -> None:
-        for c in contexts:
+        for level in item_levels(contexts, n_mels) if contexts else []:
             is_speech = speech[len(floors)]
-            floors.append(log_floor.push(c, is_speech) if bounded
-                          else log_floor.next_level(c, is_speech) - DYNAMIC_RANGE)
+            floors.append(log_floor.push(level, is_speech) if bounded
+                          else log_floor.next_level(level, is_speech) - DYNAMIC_RANGE)
 
     piece = 128 * ITEM_SAMPLES  # seconds at a time: an hour's contexts at once are gigabytes
     for at in range(0, samples.size, piece):
         add(framer.push(samples[at : at + piece]))
     add(framer.flush())
     return np.asarray(floors, dtype=np.float32)
+
+
+def item_levels(contexts: list[np.ndarray], n_mels: int = 80) -> list[float]:
+    """N items' PCM contexts -> the loudest level of each (`loudest_levels`), for `LogFloor`:
+    one log-mel over all of them (the items of every stream that a round of audio completed:
+    one at a time, 400 streams' items kept a server's event loop busy)."""
+    log_spec = log_mel_power(torch.from_numpy(np.stack(contexts)), n_mels, center=False)  # (N, n_mels, T)
+    return loudest_levels(log_spec).tolist()
 
 
 def item_log_mel(contexts: torch.Tensor, n_mels: int = 80,

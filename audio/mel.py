@@ -96,7 +96,12 @@ def log_mel_spectrogram(audio: torch.Tensor, n_mels: int = 80, padding: int = 0,
 
 
 def loudest_level(log_spec: torch.Tensor) -> float:
-    """(n_mels, T) log mel power -> the loudest level of a sound held for `HOLD_FRAMES`
+    """(n_mels, T) log mel power -> `loudest_levels` of it."""
+    return float(loudest_levels(log_spec))
+
+
+def loudest_levels(log_spec: torch.Tensor) -> np.ndarray:
+    """(..., n_mels, T) log mel power -> (...) the loudest level of a sound held for `HOLD_FRAMES`
     frames, in the bins from `LOWEST_SPEECH_BIN` up: over each run of frames (each frame's
     loudest of those bins), the run's loudest where the run stays within `HOLD_RANGE` of it,
     else its quietest.
@@ -107,16 +112,16 @@ def loudest_level(log_spec: torch.Tensor) -> float:
     three frames, and an offset or a rumble lies under 75 Hz, where speech has no energy; a
     vowel holds its level, so speech's loudest bin counts as Whisper counts it.
     """
-    peaks = log_spec[..., LOWEST_SPEECH_BIN:, :].amax(dim=-2).cpu().numpy()  # (T,)
+    peaks = log_spec[..., LOWEST_SPEECH_BIN:, :].amax(dim=-2).cpu().numpy()  # (..., T)
     if peaks.shape[-1] < HOLD_FRAMES:
-        return float(peaks.max())
-    return float(held_levels(peaks, HOLD_FRAMES, HOLD_RANGE).max())
+        return peaks.max(axis=-1)
+    return held_levels(peaks, HOLD_FRAMES, HOLD_RANGE).max(axis=-1)
 
 
 def held_levels(levels: np.ndarray, run: int, within: float) -> np.ndarray:
-    """(T,) levels -> (T - run + 1,) the level each `run` in a row holds: their loudest where
-    all lie within `within` of it, else their quietest. A click stands out of its run; a
-    vowel holds its level."""
-    runs = np.lib.stride_tricks.sliding_window_view(levels, run)  # (T - run + 1, run)
-    low, high = runs.min(axis=1), runs.max(axis=1)
+    """(..., T) levels -> (..., T - run + 1) the level each `run` in a row holds: their
+    loudest where all lie within `within` of it, else their quietest. A click stands out of
+    its run; a vowel holds its level."""
+    runs = np.lib.stride_tricks.sliding_window_view(levels, run, axis=-1)  # (..., T - run + 1, run)
+    low, high = runs.min(axis=-1), runs.max(axis=-1)
     return np.where(high - low <= within, high, low)

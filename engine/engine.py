@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from audio.frames import item_levels
 from audio.vad import detect
 from engine.config import EngineConfig
 from engine.mm_window import window_pieces
@@ -169,8 +170,13 @@ class Engine:
         streams = [s for s in self.streams.values() if s.unheard]
         if streams:
             probs = detect([s.vad for s in streams], [s.take_unheard() for s in streams])
-            for stream, p in zip(streams, probs, strict=True):
-                stream.hear(p)
+            ready = [stream.listen(p) for stream, p in zip(streams, probs, strict=True)]
+            contexts = [context for items in ready for context, _ in items]
+            levels = item_levels(contexts, streams[0].floor.n_mels) if contexts else []  # one log-mel for all
+            at = 0
+            for stream, items in zip(streams, ready, strict=True):
+                stream.add_items(items, levels[at : at + len(items)])
+                at += len(items)
 
     # ------------------------------------------------------------------ step
 

@@ -40,6 +40,7 @@ from engine.model.timing import align
 from engine.model.transcribe import TEMPERATURES, decode_with_fallback
 from engine.processor_cache import ProcessorCache
 from engine.scheduler import ScheduledWindow
+from engine.stem_store import StemStore
 from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND, positions_to_seconds, seconds_to_ms
 from engine.words import Word, add_probabilities, window_words
 
@@ -113,9 +114,8 @@ class ModelRunner:
         self.device = bundle.device
         self.dtype = self.model.dtype
         self.processor_cache = processor_cache or ProcessorCache()
-        self.encoder_cache: dict[str, torch.Tensor] = {}  # hash -> (positions, n_state)
+        self.encoder_cache = StemStore()  # hash -> (positions, n_state); "pad <floor>" too
         self.floors: dict[str, float] = {}  # hash -> the item's log-mel floor
-        self.pads: dict[float, torch.Tensor] = {}  # floor -> (n_state,) stem output of padding
         self.stop_event = threading.Event()  # set to give up the step of partials in flight
 
     @property
@@ -135,16 +135,21 @@ class ModelRunner:
         unit = seconds * POSITIONS_PER_SECOND  # seconds are whole
         return min(MAX_WINDOW_POSITIONS, max(unit, -(-num_positions // unit) * unit))
 
-    @torch.inference_mode()
     def pad(self, floor: float = STREAM_LOG_FLOOR) -> torch.Tensor:
-        """(n_state,) stem output of the padding after a window whose items have this floor.
-        Whisper pads with digital silence: its log power, clamped to the floor. Under quiet
-        speech the floor lies below silence, so the padding is silence, not the floor."""
-        if floor not in self.pads:
+        """(n_state,) stem output of the padding after a window whose items have this floor."""
+        return self.encoder_cache.get(self._pad_key(floor))[0]
+
+    @torch.inference_mode()
+    def _pad_key(self, floor: float) -> str:
+        """The store's key of the padding after items of this floor (its first row), stored
+        on first use. Whisper pads with digital silence: its log power, clamped to the floor.
+        Under quiet speech the floor lies below silence, so the padding is silence, not the
+        floor."""
+        key = f"pad {floor}"
+        if key not in self.encoder_cache:
             silence = torch.full((1, self.model.dims.n_mels, 11), SILENCE_LOG_POWER)
-            silence = normalize_log_mel(silence, floor)
-            self.pads[floor] = self._stem(silence)[0, 0]
-        return self.pads[floor]
+            self.encoder_cache.put([key], self._stem(normalize_log_mel(silence, floor)), pinned=True)
+        return key
 
     def _stem(self, mel: torch.Tensor) -> torch.Tensor:
         """(N, n_mels, 8m + 3) item mel with context -> (N, 4m, n_state)."""
@@ -159,7 +164,7 @@ class ModelRunner:
     def encode_items(self, inp: ModelInput) -> tuple[int, int]:
         """Compute the stem for all new items of all sessions in one call -> (calls, items)."""
         for mm_hash in inp.freed_mm_hashes:
-            self.encoder_cache.pop(mm_hash, None)
+            self.encoder_cache.pop(mm_hash)
             self.floors.pop(mm_hash, None)
         hashes = [h for h in inp.new_items if h not in self.encoder_cache]
         if not hashes:
@@ -172,23 +177,21 @@ class ModelRunner:
         if missing:
             contexts = np.stack([inp.new_items[hashes[i]][0] for i in missing])  # (M, context samples)
             floors = torch.tensor([self.floors[hashes[i]] for i in missing])  # (M,)
-            computed = item_log_mel(torch.from_numpy(contexts), self.model.dims.n_mels, floors)
+            computed = item_log_mel(torch.from_numpy(contexts).to(self.device), self.model.dims.n_mels,
+                                    floors.to(self.device))  # on the model's device
             for j, i in enumerate(missing):
                 mels[i] = computed[j]
                 self.processor_cache.put(hashes[i], computed[j])
-        stem = self._stem(torch.stack(mels))  # (N, positions per item, n_state)
-        for i, mm_hash in enumerate(hashes):
-            self.encoder_cache[mm_hash] = stem[i]
+        mels = [m.to(self.device) for m in mels]  # (injected ones were made on the CPU)
+        self.encoder_cache.put(hashes, self._stem(torch.stack(mels)))  # (N, positions per item, n_state)
         return 1, len(hashes)
 
-    def gather(self, window: WindowInput, length: int = MAX_WINDOW_POSITIONS) -> torch.Tensor:
-        """Embeddings of the window's positions, padded to `length` (30 s) -> (length, n_state)."""
-        pieces = [self.encoder_cache[mm_hash][lo:hi] for mm_hash, lo, hi in window.pieces]
-        floor = self.floors.get(window.pieces[-1][0], STREAM_LOG_FLOOR) if pieces else STREAM_LOG_FLOOR
-        pad = self.pad(floor)
-        x = torch.cat(pieces) if pieces else pad[None, :0]
-        num_pad = length - x.shape[0]
-        return torch.cat([x, pad.expand(num_pad, -1)]) if num_pad > 0 else x
+    def gather(self, windows: list[WindowInput], length: int = MAX_WINDOW_POSITIONS) -> torch.Tensor:
+        """Embeddings of the windows' positions, each padded to `length` (30 s) ->
+        (B, length, n_state)."""
+        pads = [self._pad_key(self.floors.get(w.pieces[-1][0], STREAM_LOG_FLOOR) if w.pieces
+                              else STREAM_LOG_FLOOR) for w in windows]
+        return self.encoder_cache.gather([w.pieces for w in windows], pads, length)
 
     @torch.inference_mode()
     def execute(self, inp: ModelInput, stop: Callable[[], bool] | None = None) -> RunnerOutput:
@@ -234,7 +237,7 @@ class ModelRunner:
                 result.results += [WindowResult(w.request_id, [], False, preview, cancelled=True)
                                    for w in windows]
                 continue
-            x = torch.stack([self.gather(w, length) for w in windows])  # (B, length, n_state)
+            x = self.gather(windows, length)  # (B, length, n_state)
             features = self.model.encoder.transformer(x)  # (B, length, n_state)
             decoded = self.decode_windows(windows, features, stop)
             result.results += decoded

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from audio.frames import CONTEXT_BEFORE, AudioFramer, LogFloor
+from audio.frames import CONTEXT_BEFORE, AudioFramer, LogFloor, item_levels
 from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard, item_chunks, level_db
 from engine import commit
 from engine.config import EngineConfig
@@ -204,21 +204,38 @@ class Stream:
 
     def hear(self, probs: np.ndarray) -> None:
         """The VAD's probabilities of the chunks the taken samples completed: make the items
-        they cover and track their speech. An item waits for the chunk across its end (so the
-        decision does not depend on how the audio arrived), except before a flush, where none
-        follows; its log-mel floor depends on that decision (LogFloor)."""
+        they cover and track their speech (Engine.hear does the same for many streams, their
+        items' levels in one batch)."""
+        ready = self.listen(probs)
+        contexts = [context for context, _ in ready]
+        self.add_items(ready, item_levels(contexts, self.floor.n_mels) if ready else [])
+
+    def listen(self, probs: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        """The VAD's probabilities of the chunks the taken samples completed -> the items
+        they complete: (PCM context, whether the VAD heard speech in it). An item waits for
+        the chunk across its end (so the decision does not depend on how the audio arrived),
+        except before a flush, where none follows."""
         self.speech_probs.extend(probs)
         self.speech.push(probs)
-        request, size = self.request, self.config.item_samples
+        size = self.config.item_samples
         analysed = self.vad.num_chunks * CHUNK_SAMPLES
+        ready = []
         while self.contexts:
-            item = request.num_items
+            item = self.request.num_items + len(ready)
             end = (item + 1) * size
             if -(-end // CHUNK_SAMPLES) * CHUNK_SAMPLES > analysed and item >= self.num_flushed:
                 break
-            speech = self._is_speech(item)
-            context = self.contexts.popleft()
-            floor = self.floor.push(context, speech)
+            ready.append((self.contexts.popleft(), self._is_speech(item)))
+        return ready
+
+    def add_items(self, ready: list[tuple[np.ndarray, bool]], levels: list[float]) -> None:
+        """`listen`'s items and their loudest levels (`item_levels`) -> items on the timeline,
+        each with its log-mel floor (which depends on the VAD's decision, LogFloor); track
+        their speech."""
+        request, size = self.request, self.config.item_samples
+        for (context, speech), level in zip(ready, levels, strict=True):
+            item = request.num_items
+            floor = self.floor.push(level, speech)
             request.mm_features.append(MMFeature(item_hash(context, floor, self.key),
                                                  PlaceholderRange(request.num_positions, self.item_positions),
                                                  (context, floor)))

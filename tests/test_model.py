@@ -231,7 +231,9 @@ def test_batched_decoding_equals_decoding_each_window_alone():
         assert result.tokens == alone.tokens
         assert result.stop == alone.stop == "eot"
         assert abs(result.avg_logprob - alone.avg_logprob) < 1e-3
-        assert abs(result.no_speech_prob - alone.no_speech_prob) < 1e-4
+        # (in float16 the batch's kernels round otherwise than one row's)
+        assert abs(result.no_speech_prob - alone.no_speech_prob) < (1e-4 if b.model.dtype == torch.float32
+                                                                     else 1e-3)
     assert b.tokenizer.decode(prompt).strip().startswith("Had he")  # a real, long prompt
 
 

@@ -28,15 +28,30 @@ def cheapest_total(cost: np.ndarray) -> float:
     return float(total[n, m])
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (7, 1), (5, 40), (30, 12), (25, 300)])
+SHAPES = [(1, 1), (1, 9), (7, 1), (5, 40), (30, 12), (25, 300)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_dtw_finds_a_cheapest_monotonic_path(shape):
     rng = np.random.default_rng(sum(shape))
     cost = rng.standard_normal(shape)
-    rows, cols = dtw(cost)
+    [(rows, cols)] = dtw([torch.from_numpy(cost)])
     assert (rows[0], cols[0]) == (0, 0) and (rows[-1], cols[-1]) == (shape[0] - 1, shape[1] - 1)
     steps = np.stack([np.diff(rows), np.diff(cols)], axis=1)
     assert ((steps >= 0) & (steps <= 1)).all() and (steps.sum(axis=1) >= 1).all()
     assert cost[rows, cols].sum() == pytest.approx(cheapest_total(cost))
+
+
+def test_dtw_of_matrices_together_is_each_alone():
+    """The matrices of a step are padded to the largest and searched in one pass: the
+    padding must not move any path (ties included: rounded costs)."""
+    rng = np.random.default_rng(1)
+    costs = [torch.from_numpy(np.round(rng.standard_normal(shape), 1)) for shape in SHAPES]
+    together = dtw(costs)
+    for cost, (rows, cols) in zip(costs, together, strict=True):
+        [(alone_rows, alone_cols)] = dtw([cost])
+        assert np.array_equal(rows, alone_rows) and np.array_equal(cols, alone_cols)
+        assert cost.numpy()[rows, cols].sum() == pytest.approx(cheapest_total(cost.numpy()))
 
 
 def test_aligned_words_take_token_times_and_cut_a_first_word_that_took_in_a_pause():

@@ -148,49 +148,72 @@ def repeated_tail(tokens: list[int], min_block: int = 1) -> int:
 
 
 class LogitRules:
-    """Suppression and timestamp rules applied to the next-token logits of one sequence."""
+    """Suppression and timestamp rules, applied to many rows of next-token logits at once.
 
-    def __init__(self, tokenizer: Tokenizer, suppress: list[int], options: DecodingOptions,
-                 n_vocab: int, device: torch.device):
+    What a row may say next depends on its tokens so far only through four bounds
+    (`bounds`): text below `text_end` is masked, timestamps below `ts_lo` and every token
+    from `ts_hi` on, and at the start blank and end-of-text. So the rules of every row and
+    draft position of a decoder call are applied together, in a few passes over a (rows,
+    vocab) block, and only the chosen tokens leave the device (one wait per call on a GPU,
+    not a few per token and row)."""
+
+    def __init__(self, tokenizer: Tokenizer, suppress: list[int], n_vocab: int, device: torch.device):
         self.tok = tokenizer
-        self.timestamps = options.timestamps
         self.ts_begin = tokenizer.timestamp_begin
         mask = torch.zeros(n_vocab, dtype=torch.bool)
         mask[[t for t in suppress if t < n_vocab]] = True
         mask[tokenizer.eot + 1 : self.ts_begin] = True  # specials (sot, sot_prev, ...)
-        if not self.timestamps:
-            mask[self.ts_begin :] = True
-        self.suppress = mask.to(device)
-        self.max_initial = round(options.max_initial_timestamp / TIME_PRECISION)
-        self.max_last = round(options.audio_seconds / TIME_PRECISION)  # no timestamp past audio
+        self.suppress = mask.to(device)  # (vocab,)
+        self.blank_ids = torch.tensor([220, tokenizer.eot], device=device)  # suppressed at the start
+        self.index = torch.arange(n_vocab, device=device)  # (vocab,)
+        self.device = device
 
-    def apply(self, logits: Tensor, seq: list[int]) -> Tensor:
-        """logits: (n_vocab,) for the token after `seq` (sampled tokens only) -> masked logits."""
-        logits = logits.masked_fill(self.suppress, -math.inf)
-        if not seq:  # suppress blank at the start
-            logits[[220, self.tok.eot]] = -math.inf
-        if not self.timestamps:
-            return logits
+    def bounds(self, options: DecodingOptions, seq: list[int]) -> tuple[int, int, int, int]:
+        """The rules for the token after `seq` -> (text_end, ts_lo, ts_hi, blank)."""
         ts = self.ts_begin
+        if not options.timestamps:
+            return 0, ts, ts, int(not seq)
+        text_end, ts_lo = 0, ts
+        ts_hi = ts + round(options.audio_seconds / TIME_PRECISION) + 1  # no timestamp past audio
         last_ts = len(seq) >= 1 and seq[-1] >= ts
         penultimate_ts = len(seq) < 2 or seq[-2] >= ts
         if last_ts:
-            if penultimate_ts:
-                logits[ts:] = -math.inf
-            else:
-                logits[: self.tok.eot] = -math.inf
-        stamps = [t for t in seq if t >= ts]
-        if stamps:
-            floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
-            logits[ts:floor] = -math.inf
+            if penultimate_ts:  # a segment just ended: text or end-of-text next
+                ts_hi = ts
+            else:  # a segment's end timestamp next (or end-of-text)
+                text_end = self.tok.eot
+        last_stamp = next((t for t in reversed(seq) if t >= ts), None)
+        if last_stamp is not None:  # timestamps never go back
+            ts_lo = last_stamp if last_ts and not penultimate_ts else last_stamp + 1
         if not seq:
-            logits[:ts] = -math.inf
-            logits[ts + self.max_initial + 1 :] = -math.inf
-        logits[ts + self.max_last + 1 :] = -math.inf
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        if logprobs[ts:].logsumexp(dim=-1) > logprobs[:ts].max():
-            logits[:ts] = -math.inf
-        return logits
+            text_end = ts
+            ts_hi = min(ts_hi, ts + round(options.max_initial_timestamp / TIME_PRECISION) + 1)
+        return text_end, ts_lo, ts_hi, int(not seq)
+
+    def apply(self, logits: Tensor, bounds: list[tuple[int, int, int, int]]) -> tuple[Tensor, Tensor]:
+        """logits: (R, vocab) float32, row r for the token after a sequence with `bounds[r]`,
+        masked in place -> (their log-probabilities (R, vocab) before the last rule,
+        timestamp_first (R,)). The last rule: where the timestamps together are likelier
+        than any text token, a timestamp comes next (the row's text is masked too). Whole-row
+        passes are few (a batch of long drafts is thousands of rows of 51,864 logits); the
+        rows whose text the bounds mask are known on the host, so nothing waits for the
+        device."""
+        ts, eot = self.ts_begin, self.tok.eot
+        logits.masked_fill_(self.suppress, -math.inf)
+        for end in (ts, eot):  # no text at the start; after a segment's first timestamp
+            rows = [r for r, b in enumerate(bounds) if b[0] == end]
+            if rows:
+                logits[torch.tensor(rows, device=self.device), :end] = -math.inf
+        blank = [r for r, b in enumerate(bounds) if b[3]]
+        if blank:
+            logits[torch.tensor(blank, device=self.device)[:, None], self.blank_ids] = -math.inf
+        limits = torch.tensor([b[1:3] for b in bounds], device=self.device)  # (R, 2): ts_lo, ts_hi
+        stamps = self.index[: logits.shape[1] - ts] + ts  # (timestamps,)
+        logits[:, ts:].masked_fill_((stamps < limits[:, :1]) | (stamps >= limits[:, 1:]), -math.inf)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        timestamp_first = logprobs[:, ts:].logsumexp(dim=-1) > logprobs[:, :ts].max(dim=-1).values  # (R,)
+        logits[:, :ts].masked_fill_(timestamp_first[:, None], -math.inf)
+        return logprobs, timestamp_first
 
 
 def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions) -> list[int]:
@@ -211,36 +234,34 @@ def decode(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
 
 
 class _Row:
-    """One sequence of a decoding batch: its rules, budget, tokens and score so far."""
+    """One sequence of a decoding batch: its options, budget, tokens and score so far."""
 
-    def __init__(self, model: Whisper, tokenizer: Tokenizer, options: DecodingOptions,
-                 suppress: list[int], num_initial: int, device: torch.device):
+    def __init__(self, model: Whisper, options: DecodingOptions, num_initial: int, device: torch.device):
         self.options = options
-        self.rules = LogitRules(tokenizer, suppress, options, model.dims.n_vocab, device)
         self.budget = token_budget(options.audio_seconds, model.dims.n_text_ctx, num_initial)
-        self.generator = torch.Generator(device=device).manual_seed(options.seed)
+        self.generator = (torch.Generator(device=device).manual_seed(options.seed)
+                          if options.temperature > 0 else None)
         self.seq: list[int] = []
         self.logprobs: list[float] = []  # of each token in `seq`
         self.sum_logprob = 0.0  # of every token chosen, also those a repetition drop removed
         self.stop = ""  # set when the row is done
         self.no_speech_prob = 0.0
+        self.pending: list[int] = []  # draft tokens greedy decoding left, waiting to resync
+        self.misses = 0  # decoder calls since `pending` was last in step
 
-    def next_token(self, logits: Tensor, eot: int) -> int:
-        """Choose the token after `seq` from (n_vocab,) logits; sets `stop` when done."""
+    def bounds(self, rules: LogitRules, draft: list[int]) -> list[tuple[int, int, int, int]]:
+        """The rules after `seq` and after each token of `draft` appended to it."""
+        return [rules.bounds(self.options, self.seq + draft[:k]) for k in range(len(draft) + 1)]
+
+    def next_token(self, token: int, logprob: float, eot: int) -> int:
+        """Take `token`, chosen after `seq` (its log-probability under the rules: `logprob`)
+        unless the budget is spent -> the token taken; sets `stop` when done."""
         if len(self.seq) >= self.budget:
             self.stop = "budget"
             return eot
-        masked = self.rules.apply(logits, self.seq)
-        temperature = self.options.temperature
-        if temperature > 0:
-            probs = (masked.float() / temperature).softmax(-1)
-            token = int(torch.multinomial(probs, 1, generator=self.generator))
-        else:
-            token = int(masked.argmax())
         if token == eot:
             self.stop = "eot"
             return eot
-        logprob = float(torch.log_softmax(masked.float(), dim=-1)[token])
         self.sum_logprob += logprob
         self.logprobs.append(logprob)
         self.seq.append(token)
@@ -251,6 +272,18 @@ class _Row:
         elif len(self.seq) >= self.budget:
             self.stop = "budget"
         return token
+
+    def resync(self, chosen: int, timestamp_begin: int) -> list[int]:
+        """Greedy decoding chose `chosen` -> the draft tokens to feed after it (`resync_draft`;
+        none while out of step, and none for good after MAX_MISSES calls out of step)."""
+        fed = resync_draft(self.pending, chosen, timestamp_begin)
+        if fed is None:
+            self.misses += 1
+            if self.misses > MAX_MISSES:
+                self.pending = []
+            return []
+        self.pending, self.misses = [], 0
+        return fed[: max(0, self.budget - len(self.seq) - 1)]  # within the context
 
     def result(self, tokenizer: Tokenizer) -> DecodingResult:
         text = tokenizer.decode(self.seq)
@@ -265,6 +298,42 @@ class _Row:
             token_logprobs=self.logprobs,
             speech_heard=self.options.speech_heard,
         )
+
+
+def _choose(rules: LogitRules, rows: list[_Row], logits: Tensor,
+            bounds: list[tuple[int, int, int, int]], owners: list[int]) -> tuple[list[int], list[float]]:
+    """logits: (R, vocab), position r of row `owners[r]` with the rules `bounds[r]` -> per
+    position the token chosen (greedy, or sampled for rows with a temperature) and its
+    log-probability, brought to the host together."""
+    logprobs, timestamp_first = rules.apply(logits, bounds)  # (R, vocab), (R,)
+    tokens = logits.argmax(dim=-1)  # (R,)
+    for r, owner in enumerate(owners):
+        row = rows[owner]
+        if row.generator is not None:
+            probs = (logits[r] / row.options.temperature).softmax(-1)
+            tokens[r] = torch.multinomial(probs, 1, generator=row.generator)[0]
+    ts = rules.ts_begin
+    # where text was masked last, a timestamp's log-probability among the timestamps alone
+    stamps = logits[:, ts:].log_softmax(dim=-1).gather(1, (tokens - ts).clamp(min=0)[:, None])[:, 0]
+    chosen = torch.where(timestamp_first, stamps, logprobs.gather(1, tokens[:, None])[:, 0])  # (R,)
+    return tokens.tolist(), chosen.tolist()
+
+
+def _choices(rules: LogitRules, rows: list[_Row], rests: list[list[int]], extras: list[int],
+             active: list[int], num_wanted: list[int]) -> tuple[list[int], list, list[int], list[int]]:
+    """A decoder call's wanted positions, row by row (the no-speech one on a first call
+    without timestamps, then the one after the token before the row's draft and one after
+    each draft token) -> (picks: the positions a token is chosen at, their rules' bounds,
+    their rows, each row's first position)."""
+    picks, bounds, owners, starts = [], [], [], []
+    offset = 0
+    for r, n in zip(active, num_wanted, strict=True):
+        starts.append(offset)
+        picks += range(offset + extras[r] - 1, offset + n)
+        bounds += rows[r].bounds(rules, rests[r])
+        owners += [r] * (len(rests[r]) + 1)
+        offset += n
+    return picks, bounds, owners, starts
 
 
 RESYNC_TOKENS = 4  # a chosen token found this far into the waiting draft resumes it there
@@ -325,13 +394,11 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     finished rows' results and every row's tokens so far. `cross`: `cross_kv` of the audio."""
     device = audio_features.device
     eot, ts_begin = tokenizer.eot, tokenizer.timestamp_begin
+    rules = LogitRules(tokenizer, suppress, model.dims.n_vocab, device)
     initials = [initial_tokens(tokenizer, o) for o in options]
-    rows = [_Row(model, tokenizer, o, suppress, len(i), device)
-            for o, i in zip(options, initials, strict=True)]
+    rows = [_Row(model, o, len(i), device) for o, i in zip(options, initials, strict=True)]
     rests = [o.draft[: row.budget] if o.temperature == 0 else []
              for o, row in zip(options, rows, strict=True)]  # per row: draft tokens fed
-    pending: list[list[int]] = [[] for _ in rows]  # per row: draft tokens waiting to resync
-    misses = [0] * len(rows)
     feeds = [i + d for i, d in zip(initials, rests, strict=True)]  # per row: tokens this call
     lengths = [0] * len(rows)  # per row: tokens in its cache (its next position)
     cache = model.decoder.new_cache(cross)
@@ -350,35 +417,31 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
         hidden = model.decoder.hidden(tokens.to(device), xa, cache,
                                       valid.to(device) if ragged else None)  # (B', width, D)
         logits = model.decoder.logits(hidden[wanted.to(device)], eot + 1, ts_begin)  # (wanted, vocab)
+        picks, bounds, owners, starts = _choices(rules, rows, rests, extras, active, num_wanted)
+        if first and tokenizer.no_speech >= 0:  # after sot
+            no_speech = logits[starts].softmax(-1)[:, tokenizer.no_speech].tolist()
+            for r, p in zip(active, no_speech, strict=True):
+                rows[r].no_speech_prob = p
+        choices = logits if len(picks) == logits.shape[0] else logits[picks]  # (R, vocab)
+        chosen, chosen_logprobs = _choose(rules, rows, choices, bounds, owners)
         keys_before = cache.num_tokens - width
         offset = 0
         for j, r in enumerate(active):
             row, feed, rest = rows[r], feeds[r], rests[r]
-            n = len(rest) + extras[r]
-            here = logits[offset : offset + n]
-            offset += n
-            if first and tokenizer.no_speech >= 0:  # here[0]: after sot
-                row.no_speech_prob = float(here[0].softmax(-1)[tokenizer.no_speech])
-            here = here[extras[r] - 1 :]  # after the token before the draft, then the draft
+            here = chosen[offset : offset + len(rest) + 1]
+            here_logprobs = chosen_logprobs[offset : offset + len(rest) + 1]
+            offset += len(rest) + 1
             accepted = 0
-            token = row.next_token(here[0], eot)
+            token = row.next_token(here[0], here_logprobs[0], eot)
             while not row.stop and accepted < len(rest) and token == rest[accepted]:
                 accepted += 1
-                token = row.next_token(here[accepted], eot)
+                token = row.next_token(here[accepted], here_logprobs[accepted], eot)
             lengths[r] += len(feed) - len(rest) + accepted
             if accepted < len(rest):  # the rest of the draft is not this row's sequence
                 rejected = width - len(rest) + accepted  # its index among this call's tokens
                 cache.drop_keys(j, keys_before + rejected, lengths[r])
-                pending[r] = rest[accepted:]
-            fed = resync_draft(pending[r], token, ts_begin)
-            if fed is None:
-                misses[r] += 1
-                if misses[r] > MAX_MISSES:
-                    pending[r] = []
-                fed = []
-            else:
-                fed = fed[: max(0, row.budget - len(row.seq) - 1)]  # within the context
-                pending[r], misses[r] = [], 0
+                row.pending = rest[accepted:]
+            fed = row.resync(token, ts_begin)
             feeds[r], rests[r] = [token, *fed], fed
         first, xa, extras = False, None, [1] * len(rows)
         keep = [j for j, r in enumerate(active) if not rows[r].stop]

@@ -379,6 +379,11 @@ def load_model(
                                   f"expected {tuple(expected[name].shape)}")
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     model = model.to(device=device, dtype=dtype).eval()
+    if device.type == "cuda":
+        # cuDNN's attention builds an execution plan for every new shape (milliseconds
+        # each, on the host), and a decoding batch's shapes change with every call (keys
+        # grow, rows finish, drafts vary): the other attention kernels need no plan
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if device.type == "cpu" and dtype == torch.float32:
         native_bf16 = cpu_has_bf16()
         use_bf16 = native_bf16 if bf16 is None else bf16

