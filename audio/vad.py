@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from audio.mel import held_levels
+from audio.pauses import PauseTracker
 
 CHUNK_SAMPLES = 512  # 32 ms at 16 kHz: Silero's frame
 CONTEXT_SAMPLES = 64  # samples before each chunk that the network also reads
@@ -86,6 +87,7 @@ class SpeechDetector:
         self.pending = np.zeros(0, dtype=np.float32)  # samples of the next, incomplete chunk
         self.num_chunks = 0  # chunks analysed
         self.recent_db = np.full(HOLD_CHUNKS - 1, -np.inf)  # RMS levels of the last chunks, dBFS
+        self.chunk_levels = np.zeros(0)  # (k,) dBFS of the chunks the last call took (before gain)
         self.loudest_db = -np.inf  # the loudest level held so far (sets the gain)
 
     def push(self, samples: np.ndarray) -> np.ndarray:
@@ -103,9 +105,10 @@ class SpeechDetector:
         self.pending = data[n * CHUNK_SAMPLES :]
         chunks = data[: n * CHUNK_SAMPLES].reshape(n, CHUNK_SAMPLES)
         if not n:
+            self.chunk_levels = np.zeros(0)
             return torch.from_numpy(chunks)
         chunks = chunks - chunks.mean(axis=1, keepdims=True)  # a DC offset: it is no level
-        levels = level_db(chunks, axis=1)  # (k,)
+        levels = self.chunk_levels = level_db(chunks, axis=1)  # (k,)
         run = np.concatenate([self.recent_db, levels])
         held = held_levels(run, HOLD_CHUNKS, HOLD_RANGE_DB)  # (k,) the runs ending at each chunk
         loudest = np.maximum.accumulate(np.maximum(held, self.loudest_db))
@@ -170,30 +173,31 @@ class VadEvent:
 
 
 class TurnDetector:
-    """Speech started / stopped events of one stream (OpenAI Realtime `server_vad`)."""
+    """Speech started / stopped events of one stream (OpenAI Realtime `server_vad`, Deepgram's
+    `vad_events`): a turn ends at a pause of `silence_ms`, the talker's pause (audio.pauses):
+    where the VAD hears none, or, under other voices after long talk, a stretch well under
+    the talker's level, which the VAD hears as speech (a turn would never end there)."""
 
     def __init__(self, threshold: float = 0.5, silence_ms: int = 500):
         self.detector = SpeechDetector()
         self.threshold = min(max(threshold, 0.0), 1.0)
         self.neg_threshold = max(self.threshold - NEG_THRESHOLD_OFFSET, 0.01)
-        self.silence_chunks = max(1, -(-silence_ms // CHUNK_MS))
-        self.in_speech = False
-        self.quiet_chunks = 0  # chunks under neg_threshold since speech was last heard
+        self.pauses = PauseTracker(CHUNK_MS, max(1, -(-silence_ms // CHUNK_MS)))
+        self.in_speech = False  # in a turn
 
     def push(self, samples: np.ndarray) -> list[VadEvent]:
         """(n,) float32 16 kHz samples -> the speech start/stop events they complete."""
         first = self.detector.num_chunks
+        probs = self.detector.push(samples)
         events = []
-        for i, prob in enumerate(self.detector.push(samples), start=first):
-            if prob >= self.threshold or (self.in_speech and prob >= self.neg_threshold):
+        for i, (prob, level) in enumerate(zip(probs, self.detector.chunk_levels, strict=True), start=first):
+            speech = prob >= self.threshold or (self.in_speech and prob >= self.neg_threshold)
+            if not self.pauses.push(speech, float(level)):
                 if not self.in_speech:
                     self.in_speech = True
                     events.append(VadEvent("speech_started", i * CHUNK_MS))
-                self.quiet_chunks = 0
-            elif self.in_speech:
-                self.quiet_chunks += 1
-                if self.quiet_chunks >= self.silence_chunks:
-                    self.in_speech = False
-                    end = (i - self.quiet_chunks + 1) * CHUNK_MS
-                    events.append(VadEvent("speech_stopped", end))
+            elif self.in_speech and self.pauses.ends_utterance:
+                self.in_speech = False
+                end = (i - self.pauses.pause_items + 1) * CHUNK_MS  # where the pause began
+                events.append(VadEvent("speech_stopped", end))
         return events

@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from audio.frames import CONTEXT_BEFORE, AudioFramer, LogFloor, item_levels
+from audio.pauses import PauseTracker
 from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard, item_chunks, level_db
 from engine import commit
 from engine.config import EngineConfig
 from engine.model_runner import WindowResult
-from engine.pauses import PauseTracker
 from engine.policy import LocalAgreement, PolicyUpdate
 from engine.request import MMFeature, PlaceholderRange, Request, RequestStatus
 from engine.scheduler import ScheduledWindow
@@ -261,7 +261,7 @@ class Stream:
     def _track_speech(self, item: int, speech: bool, level: float) -> None:
         """After an item (the VAD's decision, its level in dBFS): note where speech last was
         (the scheduler decodes no silence), and mark an endpoint once `endpoint_ms` of the
-        talker's pause follow its speech (since the last endpoint; engine/pauses.py). The
+        talker's pause follow its speech (since the last endpoint; audio/pauses.py). The
         window that reaches it ends there and is final: committed whole, one decode of a
         complete utterance with no agreement to wait for."""
         request = self.request

@@ -133,7 +133,7 @@ def test_a_files_windows_end_at_long_silences_only():
     item_ms = EngineConfig.item_samples // 16
     assert live.endpoint_items == -(-ms_to_positions(EngineConfig.endpoint_ms) * 20 // item_ms) == 3
     assert file.endpoint_items == -(-LONG_SILENCE_MS // item_ms) == 38
-    assert live.dips and not file.dips  # (engine/pauses.py: a talker's pauses under other voices)
+    assert live.dips and not file.dips  # (audio/pauses.py: a talker's pauses under other voices)
 
 
 def test_a_files_final_that_skips_speech_commits_nothing_and_is_decoded_again_to_the_pause():

@@ -1,4 +1,4 @@
-"""Endpoints: a talker's pauses, under other voices too (engine/pauses.py), without a model."""
+"""Endpoints: a talker's pauses, under other voices too (audio/pauses.py), without a model."""
 
 import random
 from functools import lru_cache
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from audio.frames import ITEM_SAMPLES
-from audio.vad import detect
+from audio.pauses import DIP_DB, DIP_PAUSE_MS, LONG_TALK_MS, PauseTracker
+from audio.vad import TurnDetector, detect
 from engine.config import EngineConfig
-from engine.pauses import DIP_DB, DIP_PAUSE_MS, LONG_TALK_MS, PauseTracker
 from engine.stream import Stream, hash_key
 from engine.timeline import positions_to_ms
 from scripts import corpus
@@ -20,7 +20,7 @@ ITEM_MS = 80
 
 def endpoints_ms(samples: np.ndarray) -> tuple[list[int], list[int]]:
     """A live stream's endpoints over (n,) 16 kHz samples sent in 100 ms pieces (VAD only),
-    and those of one that counts the VAD's pauses only (as before engine/pauses.py)."""
+    and those of one that counts the VAD's pauses only (as before audio/pauses.py)."""
     streams = [Stream("s", EngineConfig(), hash_key("model", ITEM_SAMPLES), 0) for _ in range(2)]
     streams[1].pauses.dips = False  # type: ignore[union-attr]
     streams[1].vad = streams[0].vad  # one VAD pass for both
@@ -98,3 +98,36 @@ def test_a_pause_under_other_voices_ends_an_utterance_only_after_long_talk_and_a
     # a file's tracker counts the VAD's pauses only
     file = PauseTracker(ITEM_MS, endpoint_items=38, dips=False)
     assert not any(file.push(True, level) for level in [talk] * 200 + [quiet] * 50)
+
+
+def turns_ms(samples: np.ndarray, dips: bool = True) -> list[tuple[str, int]]:
+    """A realtime turn detector's events over (n,) 16 kHz samples sent in 100 ms pieces."""
+    vad = TurnDetector(silence_ms=500)
+    vad.pauses.dips = dips
+    events = []
+    for at in range(0, samples.size, 1600):
+        events += [(e.kind, e.ms) for e in vad.push(samples[at : at + 1600])]
+    return events
+
+
+def test_under_other_voices_a_realtime_turn_ends_in_the_talkers_pause():
+    """`/v1/realtime`'s server_vad (and Deepgram's vad_events) end a turn at a pause of
+    silence_duration_ms: under other voices 12 dB down the VAD heard none, and no turn ever
+    ended. The turn detector counts the talker's pauses as endpoints do, on 32 ms chunks:
+    after LONG_TALK_MS a turn ends in every later pause, and none inside a sentence."""
+    clip = talker()
+    sentences = clip.sentences
+    pauses = [(a["end"] * 1000, b["onset"] * 1000) for a, b in zip(sentences, sentences[1:], strict=False)]
+    noisy = corpus.with_babble(clip, "babble", 12, seed=3).audio
+    assert [ms for kind, ms in turns_ms(noisy, dips=False) if kind == "speech_stopped"] == []
+    stops = [ms for kind, ms in turns_ms(noisy) if kind == "speech_stopped"]
+    later = [(start, end) for start, end in pauses if start >= LONG_TALK_MS + 1000]
+    # a stop marks where the pause began: up to a few hundred ms before the sentence's end
+    # (the tail of its last word is under the talker's level too)
+    ended = [any(start - 300 <= ms <= end for ms in stops) for start, end in later]
+    assert len(later) >= 6 and sum(ended) >= len(later) - 1, (stops, later)
+    inside = [ms for ms in stops if any(s["onset"] * 1000 + 100 < ms < s["end"] * 1000 - 300
+                                        for s in sentences)]
+    assert inside == [], (inside, stops)
+    # alone, the talker's pauses are the VAD's: the same turns as without the dips
+    assert turns_ms(clip.audio) == turns_ms(clip.audio, dips=False)

@@ -1,4 +1,6 @@
-"""A talker's pauses, item by item: the ones long enough end a live utterance (its endpoint).
+"""A talker's pauses, step by step: the ones long enough end a live utterance (an engine's
+endpoint, a realtime turn). A step is an engine's 80 ms audio item or a turn detector's 32 ms
+VAD chunk ("item" below).
 
 An item is a pause where the VAD hears no speech in it. Under other voices (a café, a room
 of talkers) the VAD hears speech everywhere, so a talker's pauses never show and a final
@@ -10,8 +12,8 @@ voice that grows louder or quieter, and a word's quiet items do not lower it. A 
 such items ends an utterance only at `DIP_PAUSE_MS`: the quiet consonants of a word and the
 gaps between words, under other voices, are shorter.
 
-Only endpoints read these pauses: what is speech (the speech map, the log-mel floor, the
-scheduler's decodes) is the VAD's alone. Torch-free.
+Only endpoints and turns read these pauses: what is speech (the speech map, the log-mel
+floor, the scheduler's decodes) is the VAD's alone. Torch-free.
 """
 
 from __future__ import annotations
