@@ -28,6 +28,7 @@ from engine.engine import Engine, StepInput
 from engine.model.transcribe import transcribe
 from engine.model.whisper import ModelDimensions, Whisper
 from engine.model_runner import ModelRunner
+from engine.stem_store import INITIAL_SLOTS, StemStore
 from engine.stream import Stream, hash_key
 from scripts.corpus import align
 from scripts.wer import normalize, word_errors
@@ -951,3 +952,33 @@ def test_speech_after_a_long_silence_is_decoded_without_the_silence():
              (len(clips[0]) + len(silence) + len(clips[1])) / 16 + 12_000)]
     inside = [w.text for w in words for a, b in gaps if a + 500 < (w.start_ms + w.end_ms) / 2 < b - 500]
     assert errors / n <= 0.1 and not inside, (hypothesis, inside)
+
+
+def test_the_stem_store_gathers_each_windows_pieces_then_its_padding():
+    """The runner's encoder cache: items stored in batches past its first size (it grows),
+    some evicted and their slots taken by new ones; a step's windows read with one index must
+    be each window's item slices in order, then the padding's row, as slicing gives them."""
+    rng = np.random.default_rng(0)
+    store, stems = StemStore(), {}
+    for batch in range(6):
+        keys = [f"{batch}-{i}" for i in range(300)]
+        values = torch.from_numpy(rng.standard_normal((300, 4, 8)).astype(np.float32))
+        store.put(keys, values)
+        stems.update(zip(keys, values, strict=True))
+        for key in list(stems)[: 100 * (batch % 2)]:  # evict some: their slots are reused
+            store.pop(key)
+            del stems[key]
+    assert len(stems) > INITIAL_SLOTS and set(store) == set(stems)
+    assert all(torch.equal(store.get(key), value) for key, value in stems.items())  # none overwritten
+    store.put(["pad"], torch.ones(1, 4, 8), pinned=True)
+    assert "pad" in store and "pad" not in set(store)
+    keys = list(stems)
+    windows = [[(keys[int(k)], int(lo), int(lo) + int(n))
+                for k, lo, n in zip(rng.integers(0, len(keys), 40), rng.integers(0, 3, 40),
+                                    rng.integers(1, 2, 40), strict=True)] for _ in range(3)]
+    windows[1] = windows[1][:5]
+    gathered = store.gather(windows, ["pad"] * 3, 60)  # (3, 60, 8)
+    for b, pieces in enumerate(windows):
+        expected = torch.cat([stems[key][lo:hi] for key, lo, hi in pieces])
+        assert torch.equal(gathered[b, : len(expected)], expected)
+        assert (gathered[b, len(expected) :] == 1).all()
