@@ -148,8 +148,8 @@ def item_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n_mels
 
 def item_levels(contexts: list[np.ndarray], n_mels: int = 80) -> list[float]:
     """N items' PCM contexts -> the loudest level of each (`loudest_levels`), for `LogFloor`:
-    one log-mel over all of them (the items of every stream that a round of audio completed:
-    one at a time, 400 streams' items kept a server's event loop busy)."""
+    one log-mel over all of them (the items every stream completed in a round of audio; one
+    log-mel per item would keep a server's event loop busy with hundreds of streams)."""
     log_spec = log_mel_power(torch.from_numpy(np.stack(contexts)), n_mels, center=False)  # (N, n_mels, T)
     return loudest_levels(log_spec).tolist()
 

@@ -2,8 +2,8 @@
 
 Every item's positions are rows of one device tensor, at a slot of their own, so the
 windows of a step are gathered with one index (`gather`) instead of a slice per item and
-window: a step of 64 windows of 15 s reads 12,000 items, which as slices kept a GPU waiting
-on Python. The scheduler's `EncoderCacheManager` decides what is cached; `pop` follows it and
+window: a step of 64 windows of 15 s reads 12,000 items, which as slices would keep a GPU
+waiting on Python. The scheduler's `EncoderCacheManager` decides what is cached; `pop` follows it and
 frees the slot for the next item. The tensor doubles when full and never shrinks: it holds
 what the encoder cache held at its fullest (`encoder_cache_s`, 64 minutes of items: 295 MB of
 float32 for tiny.en).
