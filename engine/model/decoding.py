@@ -168,27 +168,43 @@ class LogitRules:
         self.index = torch.arange(n_vocab, device=device)  # (vocab,)
         self.device = device
 
-    def bounds(self, options: DecodingOptions, seq: list[int]) -> tuple[int, int, int, int]:
-        """The rules for the token after `seq` -> (text_end, ts_lo, ts_hi, blank)."""
+    def bounds(self, options: DecodingOptions, seq: list[int],
+               draft: list[int]) -> list[tuple[int, int, int, int]]:
+        """The rules for the token after `seq`, then after each token of `draft` appended to
+        it -> per position (text_end, ts_lo, ts_hi, blank). A sequence counts through its
+        length, its last two tokens and its last timestamp, carried along the draft."""
+        ts = self.ts_begin
+        last_stamp = next((t for t in reversed(seq) if t >= ts), None)
+        tail = seq[-2:]
+        out = [self._bounds(options, len(seq), tail, last_stamp)]
+        for n, token in enumerate(draft, start=len(seq) + 1):
+            tail = [*tail[-1:], token]
+            last_stamp = token if token >= ts else last_stamp
+            out.append(self._bounds(options, n, tail, last_stamp))
+        return out
+
+    def _bounds(self, options: DecodingOptions, length: int, tail: list[int],
+                last_stamp: int | None) -> tuple[int, int, int, int]:
+        """The rules after a sequence of `length` tokens ending with `tail` (its last two, or
+        fewer), whose last timestamp is `last_stamp`."""
         ts = self.ts_begin
         if not options.timestamps:
-            return 0, ts, ts, int(not seq)
+            return 0, ts, ts, int(not length)
         text_end, ts_lo = 0, ts
         ts_hi = ts + round(options.audio_seconds / TIME_PRECISION) + 1  # no timestamp past audio
-        last_ts = len(seq) >= 1 and seq[-1] >= ts
-        penultimate_ts = len(seq) < 2 or seq[-2] >= ts
+        last_ts = length >= 1 and tail[-1] >= ts
+        penultimate_ts = length < 2 or tail[-2] >= ts
         if last_ts:
             if penultimate_ts:  # a segment just ended: text or end-of-text next
                 ts_hi = ts
             else:  # a segment's end timestamp next (or end-of-text)
                 text_end = self.tok.eot
-        last_stamp = next((t for t in reversed(seq) if t >= ts), None)
         if last_stamp is not None:  # timestamps never go back
             ts_lo = last_stamp if last_ts and not penultimate_ts else last_stamp + 1
-        if not seq:
+        if not length:
             text_end = ts
             ts_hi = min(ts_hi, ts + round(options.max_initial_timestamp / TIME_PRECISION) + 1)
-        return text_end, ts_lo, ts_hi, int(not seq)
+        return text_end, ts_lo, ts_hi, int(not length)
 
     def apply(self, logits: Tensor, bounds: list[tuple[int, int, int, int]]) -> tuple[Tensor, Tensor]:
         """logits: (R, vocab) float32, row r for the token after a sequence with `bounds[r]`,
@@ -248,10 +264,6 @@ class _Row:
         self.no_speech_prob = 0.0
         self.pending: list[int] = []  # draft tokens greedy decoding left, waiting to resync
         self.misses = 0  # decoder calls since `pending` was last in step
-
-    def bounds(self, rules: LogitRules, draft: list[int]) -> list[tuple[int, int, int, int]]:
-        """The rules after `seq` and after each token of `draft` appended to it."""
-        return [rules.bounds(self.options, self.seq + draft[:k]) for k in range(len(draft) + 1)]
 
     def next_token(self, token: int, logprob: float, eot: int) -> int:
         """Take `token`, chosen after `seq` (its log-probability under the rules: `logprob`)
@@ -330,7 +342,7 @@ def _choices(rules: LogitRules, rows: list[_Row], rests: list[list[int]], extras
     for r, n in zip(active, num_wanted, strict=True):
         starts.append(offset)
         picks += range(offset + extras[r] - 1, offset + n)
-        bounds += rows[r].bounds(rules, rests[r])
+        bounds += rules.bounds(rows[r].options, rows[r].seq, rests[r])
         owners += [r] * (len(rests[r]) + 1)
         offset += n
     return picks, bounds, owners, starts
