@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from audio.frames import item_levels
 from audio.vad import detect
 from engine.config import EngineConfig
 from engine.mm_window import window_pieces
@@ -25,7 +24,7 @@ from engine.model_runner import ModelInput, ModelRunner, RunnerOutput, WindowInp
 from engine.processor_cache import ProcessorCache
 from engine.request import RequestStatus, fill_placeholders
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.stream import EngineOutput, Stream, hash_key
+from engine.stream import EngineOutput, Stream, hash_key, hear
 from engine.worker import RunnerProcess, WorkerError, can_share
 
 __all__ = ["Engine", "EngineOutput", "StepInput", "StepStats"]
@@ -169,14 +168,7 @@ class Engine:
         due) calls this first, so a stream's speech is always tracked up to its audio."""
         streams = [s for s in self.streams.values() if s.unheard]
         if streams:
-            probs = detect([s.vad for s in streams], [s.take_unheard() for s in streams])
-            ready = [stream.listen(p) for stream, p in zip(streams, probs, strict=True)]
-            contexts = [context for items in ready for context, _ in items]
-            levels = item_levels(contexts, streams[0].floor.n_mels) if contexts else []  # one log-mel for all
-            at = 0
-            for stream, items in zip(streams, ready, strict=True):
-                stream.add_items(items, levels[at : at + len(items)])
-                at += len(items)
+            hear(streams, detect([s.vad for s in streams], [s.take_unheard() for s in streams]))
 
     # ------------------------------------------------------------------ step
 

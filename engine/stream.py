@@ -69,6 +69,19 @@ def hash_key(model_id: str, item_samples: int) -> bytes:
     return hashlib.blake2b(params.encode(), digest_size=16).digest()
 
 
+def hear(streams: list[Stream], probs: list[np.ndarray]) -> None:
+    """Each stream's VAD probabilities of the chunks its taken samples completed: make the
+    items they cover and track their speech, the levels of all streams' new items from one
+    log-mel (`item_levels`)."""
+    ready = [stream.listen(p) for stream, p in zip(streams, probs, strict=True)]
+    contexts = [context for items in ready for context, _ in items]
+    levels = item_levels(contexts, streams[0].floor.n_mels) if contexts else []
+    at = 0
+    for stream, items in zip(streams, ready, strict=True):
+        stream.add_items(items, levels[at : at + len(items)])
+        at += len(items)
+
+
 def item_hash(context: np.ndarray, floor: float, key: bytes) -> str:
     """An audio item's content hash: its PCM with context (audio/frames.py) and its log-mel
     floor, keyed."""
@@ -204,11 +217,8 @@ class Stream:
 
     def hear(self, probs: np.ndarray) -> None:
         """The VAD's probabilities of the chunks the taken samples completed: make the items
-        they cover and track their speech (Engine.hear does the same for many streams, their
-        items' levels in one batch)."""
-        ready = self.listen(probs)
-        contexts = [context for context, _ in ready]
-        self.add_items(ready, item_levels(contexts, self.floor.n_mels) if ready else [])
+        they cover and track their speech (`hear`, for this stream alone)."""
+        hear([self], [probs])
 
     def listen(self, probs: np.ndarray) -> list[tuple[np.ndarray, bool]]:
         """The VAD's probabilities of the chunks the taken samples completed -> the items
