@@ -83,7 +83,7 @@ class LogFloor:
     """A session's log-mel clamp floor, item by item.
 
     Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
-    counts from the loudest level speech could hold (`loudest_level`: held 40 ms, over 75
+    counts from the loudest level speech could hold (`loudest_levels`: held 40 ms, over 75
     Hz; the item itself included): the session's so far, or, where the current utterance is
     more than `UTTERANCE_MARGIN` quieter, the utterance's (plus that margin). A voice far
     from the microphone after a near one, or after a loud tone, then keeps its own range

@@ -16,7 +16,7 @@ N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 mel frames/s, 10 ms each
 DYNAMIC_RANGE = 8.0  # log10 units kept below the loudest bin (80 dB)
-HOLD_FRAMES = 4  # 40 ms: how long a level must hold to count as the loudest (see loudest_level)
+HOLD_FRAMES = 4  # 40 ms: how long a level must hold to count as the loudest (see loudest_levels)
 HOLD_RANGE = 1.0  # 10 dB: a run of frames within this of its loudest holds that level
 LOWEST_SPEECH_BIN = 2  # bins 0 and 1 (under 75 Hz: an offset, a rumble) set no floor
 SILENCE_LOG_POWER = -10.0  # log10 of the power clamp (1e-10): what digital silence gives
@@ -93,11 +93,6 @@ def log_mel_spectrogram(audio: torch.Tensor, n_mels: int = 80, padding: int = 0,
     frames = log_spec.shape[-1]
     floors = torch.cat([floors[:frames], floors[-1:].expand(max(frames - floors.numel(), 0))])
     return normalize_log_mel(log_spec, floors.to(log_spec.dtype))
-
-
-def loudest_level(log_spec: torch.Tensor) -> float:
-    """(n_mels, T) log mel power -> `loudest_levels` of it."""
-    return float(loudest_levels(log_spec))
 
 
 def loudest_levels(log_spec: torch.Tensor) -> np.ndarray:

@@ -257,7 +257,7 @@ def test_a_click_or_an_offset_sets_neither_the_log_mel_floor_nor_the_vad_gain(so
     level held for 40 ms over 75 Hz, the gain from a chunk level held for 96 ms, each chunk
     less its mean: the floors are those of the speech alone (its loudest bin, held), and the
     VAD hears what it hears without them."""
-    from audio.mel import log_mel_power, loudest_level
+    from audio.mel import log_mel_power, loudest_levels
 
     speech = audio(librivox_path("0870")).numpy() * 10 ** (-50 / 20)
     plain = np.concatenate([np.zeros(16000), speech]).astype(np.float32)
@@ -267,7 +267,7 @@ def test_a_click_or_an_offset_sets_neither_the_log_mel_floor_nor_the_vad_gain(so
     floors = [floors_of(x) for x in (disturbed, plain)]
     assert (floors[0] == floors[1]).mean() > 0.97 and floors[0].max() == floors[1].max()
     log_spec = log_mel_power(torch.from_numpy(plain))
-    assert loudest_level(log_spec) == float(log_spec.max())  # held: what Whisper counts from
+    assert float(loudest_levels(log_spec)) == float(log_spec.max())  # held: what Whisper counts from
 
     heard = [SpeechDetector().push(x)[40:] >= 0.5 for x in (disturbed, plain)]  # past the click
     assert heard[1].mean() > 0.5 and (heard[0] == heard[1]).mean() > 0.97
