@@ -19,10 +19,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from app.metrics import Metrics
+from audio.vad import TurnSettings
 from engine.engine import Engine, EngineOutput, StepInput
 from engine.load import LoadMeter
 from engine.model_runner import RunnerOutput
@@ -48,7 +50,7 @@ class EngineLoop:
         self.engine = engine
         self.metrics = metrics
         self.routes: dict[str, Route] = {}  # request id -> its route, while the session is open
-        self.commands: list[tuple[str, str, np.ndarray | None]] = []  # (op, request id, audio)
+        self.commands: list[tuple[str, str, Any]] = []  # (op, request id, audio or settings)
         self.wakeup = asyncio.Event()
         self.stepped = asyncio.Condition()  # notified after every step
         self.task: asyncio.Task | None = None
@@ -71,6 +73,11 @@ class EngineLoop:
     def flush(self, request_id: str) -> None:
         self._queue("flush", request_id)
 
+    def set_turns(self, request_id: str, settings: TurnSettings | None) -> None:
+        """The session's speech started / stopped events from now on come to its sink as
+        outputs of their own (EngineOutput.turns); None: no more."""
+        self._queue("turns", request_id, settings)
+
     def finish(self, request_id: str) -> None:
         self._queue("finish", request_id)
 
@@ -86,6 +93,10 @@ class EngineLoop:
             return 0.0
         return samples_to_seconds(max(0, route.num_received - decoded))
 
+    def quiet_ms(self, request_id: str) -> int:
+        """How long the VAD has heard no speech at the end of the session's audio it heard."""
+        return self.engine.quiet_ms(request_id)
+
     def max_backlog_s(self) -> float:
         return max((self.backlog_s(rid) for rid in self.routes), default=0.0)
 
@@ -94,8 +105,8 @@ class EngineLoop:
         async with self.stepped:
             await self.stepped.wait_for(lambda: self.backlog_s(request_id) < seconds)
 
-    def _queue(self, op: str, request_id: str, samples: np.ndarray | None = None) -> None:
-        self.commands.append((op, request_id, samples))
+    def _queue(self, op: str, request_id: str, payload: Any = None) -> None:
+        self.commands.append((op, request_id, payload))
         self.wakeup.set()
 
     # -------------------------------------------------------- the loop
@@ -184,10 +195,11 @@ class EngineLoop:
             self.metrics.model_threads.set(output.num_threads)
 
     def _apply_commands(self) -> set[str]:
-        """Apply the queued commands -> the request ids they were for."""
+        """Apply the queued commands, and send the turn events the audio brought -> the
+        request ids they were for."""
         commands, self.commands = self.commands, []
         engine = self.engine
-        for op, request_id, samples in commands:
+        for op, request_id, payload in commands:
             try:
                 if op in ("open", "open_background"):
                     engine.add_request(request_id, background=op == "open_background")
@@ -196,7 +208,9 @@ class EngineLoop:
                 elif not engine.has_request(request_id):
                     continue  # the request already ended (error); the session was told
                 elif op == "audio":
-                    engine.add_audio(request_id, samples)
+                    engine.add_audio(request_id, payload)
+                elif op == "turns":
+                    engine.set_turns(request_id, payload)
                 elif op == "flush":
                     engine.flush(request_id)
                 elif op == "finish":
@@ -206,6 +220,9 @@ class EngineLoop:
                 engine.abort(request_id)
                 self._route(EngineOutput(request_id, [], [], finished=True,
                                          error=f"{type(e).__name__}: {e}"))
+        if commands:
+            for output in engine.take_turns():
+                self._route(output)
         return {request_id for _, request_id, _ in commands}
 
     def _route(self, output: EngineOutput) -> None:

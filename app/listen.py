@@ -57,7 +57,7 @@ from app.connection import CLOSE_INTERNAL, Connection
 from app.session import ServerContext, Session, clip_text, query_rate, text_of, words_json
 from audio.container import StreamDecoder, is_container
 from audio.io import AudioError, pcm_to_float
-from audio.vad import TurnDetector
+from audio.vad import TurnSettings, VadEvent
 from engine.engine import EngineOutput
 from engine.timeline import samples_to_ms
 from engine.words import Word
@@ -187,8 +187,6 @@ class ListenSession(Session):
         self.finals: deque[dict[str, Any]] = deque(maxlen=REPLAY_FINALS)  # for a resume
         self.evicted_seq = 0  # the newest final no longer in `finals`
         self.last_word_end_ms: int | None = None  # of the last final word, until UtteranceEnd
-        self.vad = TurnDetector() if options.vad_events else None
-        self.speech_starts: list[int] = []  # found while feeding, sent after the message
         self.encoding = options.encoding  # SNIFF until the first audio message says
         self.decoder: StreamDecoder | None = None  # a container's, from its first message on
         self.decode_error: str | None = None  # the decoder's, reported once
@@ -201,6 +199,8 @@ class ListenSession(Session):
                                 model=self.ctx.model_name)
 
     async def on_open(self) -> None:
+        if self.options.vad_events:
+            self.ctx.loop.set_turns(self.id, TurnSettings())
         if self.options.voxtide_events:
             await self.send(self._connected())
 
@@ -238,9 +238,6 @@ class ListenSession(Session):
         if self.decode_error is not None:
             await self.send_error("invalid_audio", self.decode_error, variant="DataError")
             self.decode_error = ""  # once
-        for ms in self.speech_starts:
-            await self.send(events.SpeechStarted(type="SpeechStarted", channel=[0], timestamp=ms / 1000))
-        self.speech_starts = []
         await self._utterance_end()
 
     def _decode(self, data: bytes) -> None:
@@ -271,9 +268,11 @@ class ListenSession(Session):
         if self.decoder is not None:
             self.decoder.close()
 
-    def on_fed(self, samples: np.ndarray) -> None:
-        if self.vad is not None:
-            self.speech_starts += [e.ms for e in self.vad.push(samples) if e.kind == "speech_started"]
+    async def on_turns(self, turns: list[VadEvent]) -> None:
+        for e in turns:
+            if e.kind == "speech_started":
+                await self.send(events.SpeechStarted(type="SpeechStarted", channel=[0],
+                                                     timestamp=e.ms / 1000))
 
     async def on_text(self, text: str) -> None:
         message = self.parse_json(text)

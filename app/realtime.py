@@ -28,14 +28,12 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from app import realtime_events as events
 from app.connection import Connection
 from app.session import ServerContext, Session, clip_text, new_id, text_of, words_json
 from audio.io import AudioError, check_stream_rate, pcm_to_float
 from audio.stream import StreamResampler
-from audio.vad import TurnDetector, VadEvent
+from audio.vad import TurnSettings, VadEvent
 from engine.engine import EngineOutput
 from engine.words import Word
 
@@ -71,12 +69,10 @@ class RealtimeSession(Session):
         self.transcription: dict[str, Any] = {"model": ctx.model_name, "prompt": "", "language": "en"}
         self.encoding = "pcm16"  # of the appended audio: pcm16, or G.711 mulaw / alaw at 8 kHz
         self.turn_detection: dict[str, Any] | None = dict(DEFAULT_TURN_DETECTION)
-        self.vad: TurnDetector | None = self._make_vad()
         self.items: list[Item] = []  # open items (not completed), oldest first
         self.current: Item | None = None  # the item audio is being appended to
         self.last_item_id: str | None = None  # the last committed item
         self.cleared: list[tuple[int, int]] = []  # [start, end) ms whose text is dropped
-        self.vad_events: list[VadEvent] = []  # found while feeding, sent after the append
         self.event_counter = 0
 
     # ------------------------------------------------------------------ events out
@@ -117,6 +113,7 @@ class RealtimeSession(Session):
         return session
 
     async def on_open(self) -> None:
+        self.ctx.loop.set_turns(self.id, self._turn_settings())
         await self.emit(events.SessionEvent(type="session.created", session=self.session_object()))
 
     # ------------------------------------------------------------------ events in
@@ -176,7 +173,7 @@ class RealtimeSession(Session):
             self.transcription.update({k: v for k, v in transcription.items() if k in ("prompt", "language")})
         if turn_detection != "unchanged":
             self.turn_detection = turn_detection
-            self.vad = self._make_vad()
+            self.ctx.loop.set_turns(self.id, self._turn_settings())
         beta_update = event["type"] == "transcription_session.update"
         self.beta = self.beta or beta_update
         await self.emit(events.SessionEvent(
@@ -225,11 +222,11 @@ class RealtimeSession(Session):
             raise ValueError(f"format.rate must be an integer, got {rate!r}")
         return "pcm16", check_stream_rate(rate)
 
-    def _make_vad(self) -> TurnDetector | None:
+    def _turn_settings(self) -> TurnSettings | None:
         td = self.turn_detection
         if td is None:
             return None
-        return TurnDetector(float(td.get("threshold", 0.5)), int(td.get("silence_duration_ms", 500)))
+        return TurnSettings(float(td.get("threshold", 0.5)), int(td.get("silence_duration_ms", 500)))
 
     async def _append(self, event: dict[str, Any]) -> None:
         audio = event.get("audio")
@@ -250,15 +247,11 @@ class RealtimeSession(Session):
             self.current = Item(new_id("item"), self.fed_ms)
             self.items.append(self.current)
         self.ingest(samples)
-        await self._flush_vad_events()
 
-    def on_fed(self, samples: np.ndarray) -> None:
-        if self.vad is not None:
-            self.vad_events += self.vad.push(samples)
-
-    async def _flush_vad_events(self) -> None:
-        heard, self.vad_events = self.vad_events, []
-        for e in heard:
+    async def on_turns(self, turns: list[VadEvent]) -> None:
+        if self.turn_detection is None:
+            return  # turned off after these were found
+        for e in turns:
             if e.kind == "speech_started":
                 if self.current is None:
                     self.current = Item(new_id("item"), e.ms)

@@ -42,7 +42,7 @@ from app.spool import SessionSpool, Spool
 from app.store import TranscriptStore
 from audio.io import check_stream_rate
 from audio.stream import StreamResampler
-from audio.vad import SpeechDetector
+from audio.vad import VadEvent
 from engine.engine import EngineOutput
 from engine.timeline import samples_to_ms
 from engine.words import Word
@@ -51,8 +51,7 @@ log = logging.getLogger(__name__)
 
 AHEAD_SLACK_S = 2.0  # audio a real-time client may send ahead of the wall clock (its buffering)
 WARN_INTERVAL_S = 5.0  # at most one rate_limited warning per session this often
-PAUSE_CHUNKS = 6  # 32 ms VAD chunks in a row under PAUSE_PROBABILITY: a pause to stop input at
-PAUSE_PROBABILITY = 0.35
+STOP_PAUSE_MS = 192  # a pause the VAD heard this long: where input stops at shutdown
 
 
 @dataclass
@@ -154,8 +153,7 @@ class Session:
         self.done_ms = 0  # no later engine output has words before this
         self.input_stopped = asyncio.Event()  # set by stop_input
         self.receiving: asyncio.Future | None = None  # the read of the next message
-        self.pause_detector: SpeechDetector | None = None  # from stop_input: the next pause
-        self.quiet_chunks = 0
+        self.stop_at_pause = False  # from stop_input: input ends at the next pause
         if self.resumable and ctx.config.resume_grace_s > 0:
             self.resume_token = secrets.token_urlsafe(24)
             ctx.resumable[self.resume_token] = self
@@ -311,7 +309,7 @@ class Session:
         if within_s <= 0:
             self._stop_reading()
             return
-        self.pause_detector = SpeechDetector()
+        self.stop_at_pause = True
         asyncio.get_running_loop().call_later(within_s, self._stop_reading)
 
     def _stop_reading(self) -> None:
@@ -321,12 +319,10 @@ class Session:
             if self.receiving is not None:
                 self.receiving.cancel()
 
-    def _watch_for_pause(self, samples: np.ndarray) -> None:
-        """(n,) 16 kHz samples: stop reading once PAUSE_CHUNKS VAD chunks in a row are quiet."""
-        assert self.pause_detector is not None
-        for p in self.pause_detector.push(samples):
-            self.quiet_chunks = self.quiet_chunks + 1 if p < PAUSE_PROBABILITY else 0
-        if self.quiet_chunks >= PAUSE_CHUNKS:
+    def _watch_for_pause(self) -> None:
+        """Stop reading once the engine's VAD (which has heard the audio up to the last
+        message or so) hears a pause of STOP_PAUSE_MS."""
+        if self.ctx.loop.quiet_ms(self.id) >= STOP_PAUSE_MS:
             self._stop_reading()
 
     async def _pace(self) -> None:
@@ -373,6 +369,8 @@ class Session:
             if self.connected:
                 self.connected = False
                 await self.ws.close(CLOSE_INTERNAL, "engine error")
+        elif output.turns:
+            await self.on_turns(output.turns)
         else:
             self._observe(output)
             await self.on_output(output)
@@ -427,9 +425,8 @@ class Session:
             if self.spool is not None:  # on disk before the engine has it
                 self.spool.write(samples)
             self.ctx.loop.add_audio(self.id, samples)
-            self.on_fed(samples)
-            if self.pause_detector is not None:
-                self._watch_for_pause(samples)
+            if self.stop_at_pause:
+                self._watch_for_pause()
 
     @property
     def fed_ms(self) -> int:
@@ -490,8 +487,9 @@ class Session:
 
     async def on_binary(self, data: bytes) -> None: ...
 
-    def on_fed(self, samples: np.ndarray) -> None:
-        """(n,) 16 kHz samples just given to the engine (for turn detection)."""
+    async def on_turns(self, turns: list[VadEvent]) -> None:
+        """Speech started / stopped events the engine found, for a session that asked
+        (EngineLoop.set_turns)."""
 
     async def on_output(self, output: EngineOutput) -> None: ...
 

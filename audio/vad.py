@@ -16,9 +16,10 @@ DC offset does not set the gain of the session, where quiet speech after it went
 Steady noise brought up as far is still not speech to it, and the model itself reads the
 audio as it came (docs/architecture.md, Speech tracking).
 
-`TurnDetector` turns the probabilities into speech started / stopped events, as Silero's
-own `get_speech_timestamps` does: speech starts at a chunk over `threshold`, and stops once
-`silence_ms` of chunks under `threshold - 0.15` follow it.
+`TurnDetector` turns a stream's probabilities into speech started / stopped events (the
+engine's stream runs one for a session that asks), as Silero's own `get_speech_timestamps`
+does: speech starts at a chunk over `threshold`, and stops once `silence_ms` of chunks under
+`threshold - 0.15` follow it.
 """
 
 from __future__ import annotations
@@ -172,25 +173,34 @@ class VadEvent:
     ms: int  # stream time of the event
 
 
+@dataclass(frozen=True)
+class TurnSettings:
+    """What a session asks of its turn events: Silero's threshold and the pause that ends a
+    turn (OpenAI Realtime's `threshold`, `silence_duration_ms`)."""
+
+    threshold: float = 0.5
+    silence_ms: int = 500
+
+
 class TurnDetector:
     """Speech started / stopped events of one stream (OpenAI Realtime `server_vad`, Deepgram's
-    `vad_events`): a turn ends at a pause of `silence_ms`, the talker's pause (audio.pauses):
-    where the VAD hears none, or, under other voices after long talk, a stretch well under
-    the talker's level, which the VAD hears as speech (a turn would never end there)."""
+    `vad_events`) from the probabilities of the stream's VAD: a turn ends at a pause of
+    `silence_ms`, the talker's pause (audio.pauses): where the VAD hears none, or, under
+    other voices after long talk, a stretch well under the talker's level, which the VAD
+    hears as speech (a turn would never end there)."""
 
-    def __init__(self, threshold: float = 0.5, silence_ms: int = 500):
-        self.detector = SpeechDetector()
-        self.threshold = min(max(threshold, 0.0), 1.0)
+    def __init__(self, settings: TurnSettings = TurnSettings()):
+        self.threshold = min(max(settings.threshold, 0.0), 1.0)
         self.neg_threshold = max(self.threshold - NEG_THRESHOLD_OFFSET, 0.01)
-        self.pauses = PauseTracker(CHUNK_MS, max(1, -(-silence_ms // CHUNK_MS)))
+        self.pauses = PauseTracker(CHUNK_MS, max(1, -(-settings.silence_ms // CHUNK_MS)))
         self.in_speech = False  # in a turn
 
-    def push(self, samples: np.ndarray) -> list[VadEvent]:
-        """(n,) float32 16 kHz samples -> the speech start/stop events they complete."""
-        first = self.detector.num_chunks
-        probs = self.detector.push(samples)
+    def push(self, probs: np.ndarray, levels: np.ndarray, first: int) -> list[VadEvent]:
+        """(k,) speech probabilities of chunks `first`, `first + 1`, ... and (k,) their levels
+        in dBFS (`SpeechDetector.chunk_levels`) -> the speech start/stop events they complete,
+        at chunk times."""
         events = []
-        for i, (prob, level) in enumerate(zip(probs, self.detector.chunk_levels, strict=True), start=first):
+        for i, (prob, level) in enumerate(zip(probs, levels, strict=True), start=first):
             speech = prob >= self.threshold or (self.in_speech and prob >= self.neg_threshold)
             if not self.pauses.push(speech, float(level)):
                 if not self.in_speech:

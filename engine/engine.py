@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from audio.vad import detect
+from audio.vad import TurnSettings, detect
 from engine.config import EngineConfig
 from engine.mm_window import window_pieces
 from engine.model import ModelBundle
@@ -126,6 +126,11 @@ class Engine:
         stream.finish()
         self.scheduler.note_final_due(stream.request)
 
+    def set_turns(self, request_id: str, settings: TurnSettings | None) -> None:
+        """Find the session's speech started / stopped events from now on (None: stop);
+        `take_turns` hands them out."""
+        self.stream(request_id).set_turns(settings)
+
     def abort(self, request_id: str) -> None:
         stream = self.streams.get(request_id)
         if stream is not None:
@@ -169,6 +174,23 @@ class Engine:
         streams = [s for s in self.streams.values() if s.unheard]
         if streams:
             hear(streams, detect([s.vad for s in streams], [s.take_unheard() for s in streams]))
+
+    def take_turns(self) -> list[EngineOutput]:
+        """Hear the audio received so far -> for each session that asked for them and has
+        new ones, an output with its speech started / stopped events only."""
+        self.hear()
+        outputs = []
+        for stream in self.streams.values():
+            if stream.turn_events:
+                outputs.append(EngineOutput(stream.request_id, [], [], turns=stream.turn_events))
+                stream.turn_events = []
+        return outputs
+
+    def quiet_ms(self, request_id: str) -> int:
+        """How long the VAD has heard no speech at the end of the audio it heard of the
+        session (0 for unknown requests)."""
+        stream = self.streams.get(request_id)
+        return stream.speech.quiet_ms if stream is not None else 0
 
     # ------------------------------------------------------------------ step
 

@@ -43,6 +43,7 @@ class SpeechMap:
         self.ends: list[int] = []  # run ends, ms
         self.num_chunks = 0
         self.in_speech = False
+        self.last_end = 0  # ms: the end of the last speech chunk (runs behind may be forgotten)
 
     def push(self, probs: np.ndarray) -> None:
         """The VAD's speech probability of the timeline's next chunks."""
@@ -53,11 +54,17 @@ class SpeechMap:
             if not self.in_speech:
                 continue
             start, end = samples_to_ms(k * CHUNK_SAMPLES), samples_to_ms((k + 1) * CHUNK_SAMPLES)
+            self.last_end = end
             if self.ends and self.ends[-1] >= start:
                 self.ends[-1] = end
             else:
                 self.starts.append(start)
                 self.ends.append(end)
+
+    @property
+    def quiet_ms(self) -> int:
+        """How long the VAD has heard no speech, up to the last chunk it heard."""
+        return samples_to_ms(self.num_chunks * CHUNK_SAMPLES) - self.last_end
 
     def forget_before(self, ms: int) -> None:
         """Drop the runs that end before `ms` (behind the decode window)."""

@@ -15,13 +15,22 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from audio.frames import CONTEXT_BEFORE, AudioFramer, LogFloor, item_levels
 from audio.pauses import PauseTracker
-from audio.vad import CHUNK_SAMPLES, SpeechDetector, heard, item_chunks, level_db
+from audio.vad import (
+    CHUNK_SAMPLES,
+    SpeechDetector,
+    TurnDetector,
+    TurnSettings,
+    VadEvent,
+    heard,
+    item_chunks,
+    level_db,
+)
 from engine import commit
 from engine.config import EngineConfig
 from engine.model_runner import WindowResult
@@ -57,6 +66,9 @@ class EngineOutput:
     flushed_ms: int | None = None  # set when a flush completed: all audio before it is committed
     error: str | None = None
     done_ms: int = 0  # no later output has words before this (received-audio ms)
+    # speech started / stopped (received-audio ms), for a session that asked (Engine.set_turns);
+    # an output with these carries nothing else (Engine.take_turns)
+    turns: list[VadEvent] = field(default_factory=list)
 
     @property
     def flushed(self) -> bool:
@@ -134,6 +146,8 @@ class Stream:
         self.in_speech = False  # the last item tracked was speech
         self.num_flushed = 0  # items before the last flush: made without waiting for a chunk
         self.speech = SpeechMap(config.vad_threshold)
+        self.turns: TurnDetector | None = None  # the session's turn events, if it asked
+        self.turn_events: list[VadEvent] = []  # found by the VAD, not taken yet
         self.policy = LocalAgreement()
         self.padding = PaddingMap()
         # window start -> (window end, tokens) of the last decode from there: the draft of the
@@ -207,6 +221,10 @@ class Stream:
         if padding:
             self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
 
+    def set_turns(self, settings: TurnSettings | None) -> None:
+        """Find speech started / stopped events in the audio from now on (None: stop)."""
+        self.turns = TurnDetector(settings) if settings is not None else None
+
     # ------------------------------------------------------------------ speech
 
     def take_unheard(self) -> np.ndarray:
@@ -227,6 +245,10 @@ class Stream:
         except before a flush, where none follows."""
         self.speech_probs.extend(probs)
         self.speech.push(probs)
+        if self.turns is not None:
+            first = self.vad.num_chunks - len(probs)
+            events = self.turns.push(probs, self.vad.chunk_levels, first)
+            self.turn_events += [VadEvent(e.kind, self.padding.audio_ms(e.ms)) for e in events]
         size = self.config.item_samples
         analysed = self.vad.num_chunks * CHUNK_SAMPLES
         ready = []

@@ -161,3 +161,23 @@ def floors_of(samples: np.ndarray) -> np.ndarray:
     from engine.config import EngineConfig
 
     return item_floors(samples, SpeechDetector().push(samples), EngineConfig.vad_threshold)
+
+
+def stream_turns(samples: np.ndarray, threshold: float = 0.5, silence_ms: int = 500,
+                 dips: bool = True) -> list[tuple[str, int]]:
+    """(n,) 16 kHz samples sent to an engine stream in 100 ms pieces -> the (kind, ms) of the
+    speech started / stopped events its VAD gives a session that asked for them
+    (Engine.set_turns), without a model."""
+    from audio.frames import ITEM_SAMPLES
+    from audio.vad import TurnSettings, detect
+    from engine.config import EngineConfig
+    from engine.stream import Stream, hash_key
+
+    stream = Stream("s", EngineConfig(), hash_key("model", ITEM_SAMPLES), 0)
+    stream.set_turns(TurnSettings(threshold, silence_ms))
+    assert stream.turns is not None
+    stream.turns.pauses.dips = dips
+    for at in range(0, samples.size, 1600):
+        stream.add_audio(samples[at : at + 1600])
+        stream.hear(detect([stream.vad], [stream.take_unheard()])[0])
+    return [(e.kind, e.ms) for e in stream.turn_events]

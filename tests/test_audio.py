@@ -13,8 +13,8 @@ from audio.container import RawFormat, decode, iter_decode, probe
 from audio.frames import CONTEXT_AFTER, ITEM_SAMPLES, AudioFramer
 from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
 from audio.stream import StreamResampler
-from audio.vad import SpeechDetector, TurnDetector, detect
-from tests.helpers import audio, encode, floors_of, librivox_path, with_click
+from audio.vad import SpeechDetector, detect
+from tests.helpers import audio, encode, floors_of, librivox_path, stream_turns, with_click
 
 
 def test_mel_filters_match_openai_whisper():
@@ -161,16 +161,13 @@ def test_vad_finds_speech_turns_in_real_recordings_at_any_level(db):
     first, second = audio(librivox_path("0870")), audio(librivox_path("0880"))
     gap = torch.zeros(16000)
     stream = (torch.cat([gap, first, gap, second, gap]) * 10 ** (db / 20)).numpy()
-    vad = TurnDetector(silence_ms=500)
-    events = []
-    for i in range(0, stream.size, 1600):
-        events += vad.push(stream[i : i + 1600])
-    kinds = [e.kind for e in events]
+    events = stream_turns(stream, silence_ms=500)
+    kinds = [kind for kind, _ in events]
     assert kinds == ["speech_started", "speech_stopped"] * 2
     start_2 = (16000 + first.numel() + 16000) * 1000 // 16000
-    assert 1000 <= events[0].ms < 1600
-    assert start_2 <= events[2].ms < start_2 + 600
-    assert events[1].ms < start_2 - 500  # stopped within the gap, before the next turn
+    assert 1000 <= events[0][1] < 1600
+    assert start_2 <= events[2][1] < start_2 + 600
+    assert events[1][1] < start_2 - 500  # stopped within the gap, before the next turn
 
 
 def test_loading_the_vad_leaves_torchs_threads_alone():

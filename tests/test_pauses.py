@@ -8,12 +8,12 @@ import pytest
 
 from audio.frames import ITEM_SAMPLES
 from audio.pauses import DIP_DB, DIP_PAUSE_MS, LONG_TALK_MS, PauseTracker
-from audio.vad import TurnDetector, detect
+from audio.vad import TurnSettings, detect
 from engine.config import EngineConfig
 from engine.stream import Stream, hash_key
 from engine.timeline import positions_to_ms
 from scripts import corpus
-from tests.helpers import ARCTIC_IDS, librivox_path, transcripts
+from tests.helpers import ARCTIC_IDS, librivox_path, stream_turns, transcripts
 
 ITEM_MS = 80
 
@@ -101,13 +101,8 @@ def test_a_pause_under_other_voices_ends_an_utterance_only_after_long_talk_and_a
 
 
 def turns_ms(samples: np.ndarray, dips: bool = True) -> list[tuple[str, int]]:
-    """A realtime turn detector's events over (n,) 16 kHz samples sent in 100 ms pieces."""
-    vad = TurnDetector(silence_ms=500)
-    vad.pauses.dips = dips
-    events = []
-    for at in range(0, samples.size, 1600):
-        events += [(e.kind, e.ms) for e in vad.push(samples[at : at + 1600])]
-    return events
+    """A realtime session's turn events over (n,) 16 kHz samples sent in 100 ms pieces."""
+    return stream_turns(samples, silence_ms=500, dips=dips)
 
 
 def test_under_other_voices_a_realtime_turn_ends_in_the_talkers_pause():
@@ -131,3 +126,35 @@ def test_under_other_voices_a_realtime_turn_ends_in_the_talkers_pause():
     assert inside == [], (inside, stops)
     # alone, the talker's pauses are the VAD's: the same turns as without the dips
     assert turns_ms(clip.audio) == turns_ms(clip.audio, dips=False)
+
+
+def test_turn_events_are_in_received_audio_across_a_flush_and_start_when_asked():
+    """A session's turn events come from its engine stream's one VAD (no VAD of its own), in
+    ms of the audio the client sent: a flush (a realtime commit) pads the stream's timeline to
+    a whole item, and the turns after it must not move by that padding. Events start with
+    the request (Engine.set_turns), from the audio after it."""
+    clip = talker()
+    samples = clip.audio
+    plain = stream_turns(samples)
+    assert [kind for kind, _ in plain[:4]] == ["speech_started", "speech_stopped"] * 2
+    pause = int(clip.sentences[0]["end"] * 16000) + 4000  # in the first pause ...
+    cut = pause - pause % ITEM_SAMPLES + 10  # ... 10 samples into an item: 79 ms of padding
+    stream = Stream("s", EngineConfig(), hash_key("model", ITEM_SAMPLES), 0)
+    for at in range(0, samples.size, 1600):
+        if at == 1600:
+            stream.set_turns(TurnSettings())
+        piece = samples[at : min(at + 1600, cut) if at < cut else at + 1600]
+        stream.add_audio(piece)
+        if at < cut <= at + 1600:
+            stream.flush()
+            stream.add_audio(samples[cut : at + 1600])
+        stream.hear(detect([stream.vad], [stream.take_unheard()])[0])
+    assert stream.padding.ends  # the flush padded the timeline
+    assert stream.padding.totals[-1] == 79
+    flushed = [(e.kind, e.ms) for e in stream.turn_events]
+    assert [kind for kind, _ in flushed] == [kind for kind, _ in plain]
+    # after the flush, within a VAD chunk of the unflushed stream's (the chunks lie 79 ms
+    # later on the timeline; a decision near the threshold may flip a chunk or two), not a
+    # padding's length later
+    later = sorted(abs(a - b) for (_, a), (_, b) in zip(flushed, plain, strict=True) if b > cut / 16)
+    assert len(later) >= 10 and later[len(later) // 2] < 32 and later[-1] < 100, (flushed, plain)

@@ -227,6 +227,12 @@ async def test_realtime_server_vad_commits_each_turn(tmp_path):
     kinds = [e["type"] for e in events if e["type"].startswith("input_audio_buffer.")]
     assert kinds == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                      "input_audio_buffer.committed"] * 2
+    # the engine's VAD places them in the audio sent (the first commit padded its timeline)
+    started = [e["audio_start_ms"] for e in events if e["type"].endswith("speech_started")]
+    stopped = [e["audio_end_ms"] for e in events if e["type"].endswith("speech_stopped")]
+    start_2 = 1000 + first.numel() // 16 + 1000
+    assert 1000 <= started[0] < 1600 and start_2 <= started[1] < start_2 + 600, started
+    assert start_2 - 1000 - 600 < stopped[0] < start_2 - 500 < start_2 + 1000 - 600 < stopped[1], stopped
     assert error_rate(ref_1, done[0]["transcript"]) <= 0.15, done[0]["transcript"]
     assert error_rate(ref_2, done[1]["transcript"]) <= 0.15, done[1]["transcript"]
 
