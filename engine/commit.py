@@ -12,6 +12,12 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   before its last sentence) is cut at its committed end instead, and decoded again from
   there: that speech is never cut away unheard. So is a final whose decode passed over the
   committed words in its window (their times would be the alignment's guess), uncommitted.
+- A live final whose new words the decoder read unsure (their tokens' mean log-probability
+  under DOUBT_LOGPROB), with committed utterances before them in its window as context, is
+  read again from the last final's end (the window stays as it is), and the surer of the two
+  readings is committed. The utterance before is the context that reads the next one's first
+  words best when one talker goes on, and worst after a change of voice or of room; which,
+  the decoder's certainty tells (docs/evaluation.md, A second reading).
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
   A decode caught in a loop counts for nothing: two decodes of one loop agree on it (a
@@ -43,6 +49,10 @@ TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # 750: a window over 15 s is c
 # under 2 s of speech behind it)
 RETRY_SPEECH_MS = 2000
 RETRY_PROGRESS_POSITIONS = POSITIONS_PER_SECOND
+# a live final's new words read with a mean token log-probability under this, after
+# context, are read again without it (`doubted`)
+DOUBT_LOGPROB = -0.4
+SHORT_READING = 0.75  # a reading with fewer words than this share of the other's skipped speech
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
 # a long window is cut at the start of the committed words' unfinished sentence if it began
 # within this much before their end (else at their end)
@@ -122,6 +132,24 @@ def retries(facts: WindowFacts, committed_end: int, speech_after_ms: int, passed
     if not may_retry(facts, committed_end):
         return False
     return passed_over or speech_after_ms >= RETRY_SPEECH_MS
+
+
+def doubted(new_logprob: float | None) -> bool:
+    """Whether a live final's new words, read after the window's committed words (their
+    tokens' mean log-probability: `new_logprob`), are worth a second reading without them."""
+    return new_logprob is not None and new_logprob < DOUBT_LOGPROB
+
+
+def surer(first: tuple[float | None, int], second: tuple[float | None, int]) -> bool:
+    """Whether the first of two readings of the same speech, each (its mean token
+    log-probability, its number of words), is the one to keep: the surer, unless it has
+    under SHORT_READING of the other's words (a decode that passed over some of the speech
+    and read the rest surely: "no hand in cross and cold stream." for "We started the climb
+    before dawn, carrying our boots in our hands across the cold stream.")."""
+    (p1, n1), (p2, n2) = first, second
+    if p1 is None or n1 < SHORT_READING * n2:
+        return False
+    return p2 is None or n2 < SHORT_READING * n1 or p1 > p2
 
 
 def may_retry(facts: WindowFacts, committed_end: int) -> bool:

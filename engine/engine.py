@@ -229,7 +229,10 @@ class Engine:
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
             items = request.mm_features[window.item_lo : window.item_hi]  # found by the scheduler
             pieces = window_pieces(items, window.window_start, window.window_end)
-            prompt = stream.policy.prompt_tokens(self.config.prompt_tokens, in_window=not window.preview,
+            # a preview, or a final's second reading (Stream.doubt), starts past the window's
+            # committed words: all of them are its prompt
+            past = window.preview or window.window_start != request.window_start
+            prompt = stream.policy.prompt_tokens(self.config.prompt_tokens, in_window=not past,
                                                  timestamp_begin=stream.timestamp_begin)
             draft = stream.draft(window.window_start, window.preview)
             inp.windows.append(WindowInput(window, pieces, prompt, draft, stream.may_commit(window),

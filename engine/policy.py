@@ -34,7 +34,7 @@ class LocalAgreement:
     def committed_end_ms(self) -> int:
         return self.committed[-1].end_ms if self.committed else 0
 
-    def _trim(self, hypothesis: list[Word]) -> list[Word]:
+    def new_words(self, hypothesis: list[Word]) -> list[Word]:
         """The part of a whole-window hypothesis past the committed words.
 
         The window still holds the audio of the n words committed since it was last cut, so
@@ -58,7 +58,7 @@ class LocalAgreement:
 
     def _tail_end(self, keys: list[str]) -> int | None:
         """Where the window's committed words end in a hypothesis (its word keys), found by
-        their tail (`_trim`); None: not found."""
+        their tail (`new_words`); None: not found."""
         n = self.num_window_committed
         committed = [w.key for w in self.committed[len(self.committed) - n :]]
         for m in range(min(OVERLAP_NGRAM, n), 0, -1):
@@ -114,7 +114,7 @@ class LocalAgreement:
 
     def update(self, hypothesis: list[Word], commit: bool = True) -> PolicyUpdate:
         """A new hypothesis of the window; `commit=False` only refreshes the tentative tail."""
-        words = self._trim(hypothesis)
+        words = self.new_words(hypothesis)
         if not commit:
             self.previous = words
             return PolicyUpdate([], list(words))
@@ -133,7 +133,7 @@ class LocalAgreement:
 
         A final decode with nothing new (a short window decoded as silence, or a last word
         dropped) commits the last tentative tail instead: words seen are not lost."""
-        words = self._trim(hypothesis) if hypothesis is not None else []
+        words = self.new_words(hypothesis) if hypothesis is not None else []
         if not words:
             words = self.previous
         self._commit(words)

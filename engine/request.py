@@ -81,6 +81,9 @@ class Request:
     last_endpoint: int = 0  # the latest pause found (a pause needs speech after this)
     window_start: int = 0  # first position of the decode window (a committed boundary)
     preview_start: int = 0  # the last final window's end: all audio before it is committed
+    # the due final is read again from here (the last final's end), without the context
+    # before it, the window staying where it is (Stream.doubt); None: read as usual
+    reread_start: int | None = None
     num_decoded_positions: int = 0  # window end at the last decode
     num_encoded_items: int = 0  # items [0, n) have encoder-cache entries or were freed
     num_freed_items: int = 0  # items [0, n) were released from the encoder cache

@@ -189,6 +189,8 @@ class Scheduler:
         from the last final's end) to its audio's end, a pause or 30 s."""
         start = request.window_start
         end = min(request.num_positions, start + MAX_WINDOW_POSITIONS)
+        if request.reread_start is not None and not partial:  # a second reading: no context
+            start = request.reread_start
         endpoint = request.endpoints[0] if request.endpoints else 0
         stops = [p for p in (endpoint, request.flush_position) if start < p < end]
         if stops:  # the window ends at the pause or the flush (audio past it waits, a backlog)

@@ -50,7 +50,7 @@ from engine.timeline import (
     positions_to_samples,
     samples_to_ms,
 )
-from engine.words import Word, shift_timestamps
+from engine.words import Word, mean_logprob, shift_timestamps
 
 # speech within this of the committed words' end is taken for their tail (a last word's
 # aligned end may fall short of its sound)
@@ -128,7 +128,7 @@ class PaddingMap:
         if not self.ends:
             return words
         f = self.audio_ms
-        return [Word(w.text, f(w.start_ms), f(w.end_ms), w.tokens, w.probability) for w in words]
+        return [replace(w, start_ms=f(w.start_ms), end_ms=f(w.end_ms)) for w in words]
 
 
 class Stream:
@@ -154,6 +154,10 @@ class Stream:
         # next decode of a window with that start (the window's and the preview's, at most two)
         self.drafts: dict[int, tuple[int, list[int]]] = {}
         self.split = (-1, 0)  # (window start, end) of the last final ended early at skipped speech
+        # a live final's new words read unsure after context: (window end, the words, their
+        # mean token log-probability), until the final read again without it
+        # (`request.reread_start`, commit.doubted)
+        self.doubt: tuple[int, list[Word], float | None] | None = None
         self.key = key
         self.timestamp_begin = timestamp_begin
         self.item_positions = item_positions(config.item_samples)  # 4 for 80 ms
@@ -382,7 +386,11 @@ class Stream:
         the window, keep the tokens as the next decode's draft."""
         request, policy = self.request, self.policy
         facts = self._facts(result)
-        self.drafts[facts.start] = (facts.end, result.tokens)
+        # a second reading (`self.doubt`) decoded from the last final's end, not the window's start
+        reread = result.final and request.reread_start is not None
+        self.drafts[request.preview_start if reread else facts.start] = (facts.end, result.tokens)
+        if result.final:
+            request.reread_start = None
         if result.temperature > 0.5:
             policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
         interval = ms_to_positions(self.config.decode_interval_ms)
@@ -400,19 +408,31 @@ class Stream:
         if (plan.action is commit.Action.AGREE and plan.counts) or (final and not request.background):
             words = self._before_skip(facts, words)
         # a final that passed over the window's committed words commits nothing: it is
-        # decoded again from their end (`commit.retries`)
-        passed_over = final and not policy.rereads(words)
+        # decoded again from their end (`commit.retries`); so is one whose new words it read
+        # unsure after them, and then the surer reading is committed (`commit.doubted`)
+        passed_over = final and not reread and not policy.rereads(words)
+        new = policy.new_words(words) if final and not request.background else []
+        doubt = not reread and not passed_over and commit.doubted(mean_logprob(new)) \
+            and commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         redo = passed_over and commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
-        update = PolicyUpdate([], []) if redo else self._commit(plan, words)
+        if reread:
+            words = self._surer(facts, words)
+        if doubt:  # read again from the last final's end, the window kept for the finals after
+            self.doubt = (facts.end, new, mean_logprob(new))
+            request.reread_start = request.preview_start
+            update = PolicyUpdate([], new)  # shown until the second reading
+        else:
+            update = PolicyUpdate([], []) if redo else self._commit(plan, words)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
         sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
-        cut = commit.new_window_start(facts, plan.action, ms_to_positions(end_ms), missed,
-                                      None if sentence is None else ms_to_positions(sentence), redo)
+        cut = None if doubt else commit.new_window_start(
+            facts, plan.action, ms_to_positions(end_ms), missed,
+            None if sentence is None else ms_to_positions(sentence), redo)
         if cut is not None:
             self._cut(cut)
-        retry = final and cut is not None and cut < facts.end
+        retry = final and (doubt or (cut is not None and cut < facts.end))
         flushed_ms, done = None, False
         if final and not retry:  # (a retry's final stays due)
             self._after_final(facts.end)
@@ -472,6 +492,18 @@ class Stream:
         if resume is not None:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
+
+    def _surer(self, facts: commit.WindowFacts, words: list[Word]) -> list[Word]:
+        """A final read again without its context (`self.doubt`) -> the surer reading of the
+        two, when both read the same audio; the doubt is done with either way."""
+        if self.doubt is None:
+            return words
+        end, first, logprob = self.doubt
+        self.doubt = None
+        second = self.policy.new_words(words)
+        if end != facts.end or not commit.surer((logprob, len(first)), (mean_logprob(second), len(second))):
+            return words
+        return first
 
     def _before_skip(self, facts: commit.WindowFacts, words: list[Word]) -> list[Word]:
         """The words of a partial's or a live final's decode that may be committed: none past

@@ -31,6 +31,7 @@ class Word:
     end_ms: int
     tokens: list[int] = field(default_factory=list)
     probability: float | None = None  # the mean of its tokens' probabilities (None: unknown)
+    logprob: float | None = None  # the sum of its tokens' log-probabilities (None: unknown)
     segment: int = 0  # the decode's segment it is in (SpeechMap.fit keeps or drops one whole)
 
     @property
@@ -173,15 +174,25 @@ def window_words(tokenizer: Tokenizer, tokens: list[int], offset: float, seconds
 
 def add_probabilities(words: list[Word], tokens: list[int], logprobs: list[float],
                       timestamp_begin: int) -> None:
-    """Set each word's probability, the mean of its tokens' (as openai/whisper's), from a
-    decode's tokens and their log-probabilities; `words` hold a prefix of its text tokens."""
-    probs = [math.exp(p) for t, p in zip(tokens, logprobs, strict=True) if t < timestamp_begin]
+    """Set each word's probability, the mean of its tokens' (as openai/whisper's), and its
+    log-probability, from a decode's tokens and their log-probabilities; `words` hold a
+    prefix of its text tokens."""
+    text = [p for t, p in zip(tokens, logprobs, strict=True) if t < timestamp_begin]
     i = 0
     for word in words:
         n = len(word.tokens)
-        if n and i + n <= len(probs):
-            word.probability = sum(probs[i : i + n]) / n
+        if n and i + n <= len(text):
+            word.probability = sum(math.exp(p) for p in text[i : i + n]) / n
+            word.logprob = sum(text[i : i + n])
         i += n
+
+
+def mean_logprob(words: list[Word]) -> float | None:
+    """The mean log-probability of the words' tokens: how sure the decoder was of this
+    reading (None: no word, or one of unknown log-probability)."""
+    if not words or any(w.logprob is None for w in words):
+        return None
+    return sum(w.logprob for w in words if w.logprob is not None) / max(sum(len(w.tokens) for w in words), 1)
 
 
 def timed_prompt(words: list[Word], timestamp_begin: int) -> list[int]:

@@ -17,7 +17,8 @@ session, which a 29 s run understates (docs/performance.md).
 The goal on 2 CPU cores: N >= 8 with p95 < 1.5 s. With `--upload-seconds S`, a file of S s
 (the passage looped) is sent to POST /v1/audio/transcriptions as the sessions start, to see
 what a long upload costs live sessions (it is a background request: their finals never wait
-for it); its audio seconds per wall second are printed.
+for it); its audio seconds per wall second are printed. `--vad-events` has the sessions ask
+for Deepgram's SpeechStarted events (`vad_events=true`: the engine's turn events).
 
     scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
         [--preview-pad-seconds 0] [--endpoint-ms 400] [--rotate] [--max-batch 4] [--max-finals 1] \
@@ -82,7 +83,8 @@ async def upload(port: int, seconds: float) -> float:
 
 
 async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, upload_s: float,
-              stagger_s: float, repeat: int = 1) -> dict:
+              stagger_s: float, repeat: int = 1, vad_events: bool = False) -> dict:
+    query = "?vad_events=true" if vad_events else ""
     folder = Path(tempfile.mkdtemp(prefix="voxtide-capacity-"))
     audio = [passages(i % len(ARCTIC_IDS) if rotate else 0, repeat) for i in range(n)]
     async with running_server(folder, config, model=model, max_sessions=max(16, n)) as server:
@@ -90,7 +92,7 @@ async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, up
         async def one(i: int):
             await asyncio.sleep(stagger_s * i)
             try:
-                return await replay_session(url(server, "/v1/listen"), f"s{i}", audio[i][0], chunk_ms=100,
+                return await replay_session(url(server, "/v1/listen" + query), f"s{i}", audio[i][0], chunk_ms=100,
                                             speech_ends_ms=audio[i][2])
             except ConnectionClosed as e:  # refused (1013: the server is at capacity or overloaded)
                 if e.rcvd is None or e.rcvd.code != 1013:
@@ -153,6 +155,8 @@ def main() -> int:
                         help="seconds between two sessions' starts (those the server refuses are counted)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="each session speaks the passage this many times (a longer run)")
+    parser.add_argument("--vad-events", action="store_true",
+                        help="sessions ask for Deepgram's SpeechStarted events (vad_events=true)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -172,12 +176,13 @@ def main() -> int:
           f"model in a {args.worker} on {model.device} ({model.model.dtype}), "
           f"{samples.shape[0] / 16000:.1f} s per session"
           + (", rotated" if args.rotate else ", all in step")
-          + (f", a {args.upload_seconds:g} s upload beside them" if args.upload_seconds else ""))
+          + (f", a {args.upload_seconds:g} s upload beside them" if args.upload_seconds else "")
+          + (", vad_events" if args.vad_events else ""))
     print(f"{'sessions':>8} {'p50 s':>6} {'p95 s':>6} {'max lag':>7} {'WER':>6} {'load':>5} {'shed':>5}")
     rows = []
     for n in args.sessions:
         row = asyncio.run(run(n, config, args.rotate, model, args.upload_seconds, args.stagger,
-                              args.repeat))
+                              args.repeat, args.vad_events))
         rows.append(row)
         print(f"{n:8d} {row['p50']:6.2f} {row['p95']:6.2f} {row['max_lag']:7.2f} {row['wer']:6.1%}"
               f" {row['max_load']:5.2f} {row['shedding']:5.0%}"

@@ -5,6 +5,7 @@ import pytest
 
 from audio.vad import CHUNK_SAMPLES
 from engine.commit import (
+    DOUBT_LOGPROB,
     FORCE_KEEP_POSITIONS,
     RETRY_SPEECH_MS,
     TRIM_AFTER_POSITIONS,
@@ -315,6 +316,58 @@ def test_a_final_that_passes_over_its_windows_committed_words_is_decoded_again_f
     again.request.num_decoded_positions = ms_to_positions(9_400)
     out = again.apply(WindowResult("s", first + words(said, 5_000, 500), final=True))
     assert " ".join(w.text.strip() for w in out.committed) == said
+
+
+def read(text: str, start_ms: int, step_ms: int, logprob: float) -> list[Word]:
+    """Words of one token each, decoded with this log-probability."""
+    return [Word(w.text, w.start_ms, w.end_ms, [0], logprob=logprob) for w in words(text, start_ms, step_ms)]
+
+
+@pytest.mark.parametrize("second_text, second_logprob, keep_second", [
+    ("then shape the loaf", -0.1, True),  # surer
+    ("then shape the loaf", -1.5, False),  # less sure
+    ("the loaf", -0.1, False)])  # surer, but it passed over some of the speech
+def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_surer_kept(
+        second_text, second_logprob, keep_second):
+    """The utterance before a final, in its window as context, reads the next one's first
+    words best when one talker goes on, and worst after a change of voice ("Men shape the
+    loaf" for "Then shape the loaf"). A live final whose new words the decoder read unsure
+    after committed words commits nothing at first (its words are shown), is decoded again
+    from the last final's end, and the surer of the two readings is committed; the window
+    keeps its context for the finals after it."""
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(4_400)
+    request.endpoints.append(ms_to_positions(4_400))
+    first = read("the first sentence ends right here", 400, 600, -1.0)  # to 4.0 s
+    # the first utterance has no context before it: unsure or not, it is committed
+    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
+    assert request.window_start == 0  # a short final stays in the window as context
+
+    request.num_decoded_positions = ms_to_positions(9_400)
+    request.endpoints.append(ms_to_positions(9_400))
+    unsure = read("men shape the loaf", 5_000, 900, 2 * DOUBT_LOGPROB)
+    out = stream.apply(WindowResult("s", first + unsure, final=True))
+    assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in unsure]
+    assert request.window_start == 0 and Scheduler.final_due(request)
+    window = Scheduler()._window(request, partial=False)  # the second reading's window
+    assert window.window_start == ms_to_positions(4_400) and window.final
+
+    again = read(second_text, 5_000, 900, second_logprob)
+    out = stream.apply(WindowResult("s", again, final=True))
+    kept = again if keep_second else unsure
+    assert [w.text for w in out.committed] == [w.text for w in kept]
+    assert not Scheduler.final_due(request) and stream.doubt is None and request.reread_start is None
+    assert request.window_start == 0  # the context stays for the next final
+    assert Scheduler()._window(request, partial=False).window_start == 0
+
+    # read sure enough after its context: committed in one final
+    sure = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    sure.request.num_decoded_positions = ms_to_positions(4_400)
+    sure.apply(WindowResult("s", first, final=True))
+    sure.request.num_decoded_positions = ms_to_positions(9_400)
+    out = sure.apply(WindowResult("s", first + read("then shape the loaf", 5_000, 900, -0.1), final=True))
+    assert [w.text.strip() for w in out.committed] == ["then", "shape", "the", "loaf"]
 
 
 def test_a_window_cut_at_the_committed_end_holds_none_of_the_committed_words():
