@@ -52,6 +52,7 @@ RETRY_PROGRESS_POSITIONS = POSITIONS_PER_SECOND
 # a live final's new words read with a mean token log-probability under this, after
 # context, are read again without it (`doubted`)
 DOUBT_LOGPROB = -0.4
+DOUBT_MIN_WORDS = 3  # ... when they are this many words or more
 SHORT_READING = 0.75  # a reading with fewer words than this share of the other's skipped speech
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
 # a long window is cut at the start of the committed words' unfinished sentence if it began
@@ -134,10 +135,12 @@ def retries(facts: WindowFacts, committed_end: int, speech_after_ms: int, passed
     return passed_over or speech_after_ms >= RETRY_SPEECH_MS
 
 
-def doubted(new_logprob: float | None) -> bool:
+def doubted(new_logprob: float | None, num_words: int) -> bool:
     """Whether a live final's new words, read after the window's committed words (their
-    tokens' mean log-probability: `new_logprob`), are worth a second reading without them."""
-    return new_logprob is not None and new_logprob < DOUBT_LOGPROB
+    tokens' mean log-probability: `new_logprob`; `num_words` of them), are worth a second
+    reading without them: an utterance of a few words (a VAD that hears a voice only here and
+    there ends one every word or two) reads worse alone than with the context before it."""
+    return new_logprob is not None and new_logprob < DOUBT_LOGPROB and num_words >= DOUBT_MIN_WORDS
 
 
 def surer(first: tuple[float | None, int], second: tuple[float | None, int]) -> bool:

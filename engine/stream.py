@@ -412,7 +412,7 @@ class Stream:
         # unsure after them, and then the surer reading is committed (`commit.doubted`)
         passed_over = final and not reread and not policy.rereads(words)
         new = policy.new_words(words) if final and not request.background else []
-        doubt = not reread and not passed_over and commit.doubted(mean_logprob(new)) \
+        doubt = not reread and not passed_over and commit.doubted(mean_logprob(new), len(new)) \
             and commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         redo = passed_over and commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         if reread:

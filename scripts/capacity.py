@@ -92,8 +92,8 @@ async def run(n: int, config: EngineConfig, rotate: bool, model: ModelBundle, up
         async def one(i: int):
             await asyncio.sleep(stagger_s * i)
             try:
-                return await replay_session(url(server, "/v1/listen" + query), f"s{i}", audio[i][0], chunk_ms=100,
-                                            speech_ends_ms=audio[i][2])
+                return await replay_session(url(server, "/v1/listen" + query), f"s{i}", audio[i][0],
+                                            chunk_ms=100, speech_ends_ms=audio[i][2])
             except ConnectionClosed as e:  # refused (1013: the server is at capacity or overloaded)
                 if e.rcvd is None or e.rcvd.code != 1013:
                     raise
