@@ -387,7 +387,7 @@ class Stream:
         request, policy = self.request, self.policy
         facts = self._facts(result)
         # a second reading (`self.doubt`) decoded from the last final's end, not the window's start
-        reread = result.final and request.reread_start is not None
+        reread = result.final and self.doubt is not None
         self.drafts[request.preview_start if reread else facts.start] = (facts.end, result.tokens)
         if result.final:
             request.reread_start = None
@@ -412,13 +412,14 @@ class Stream:
         # unsure after them, and then the surer reading is committed (`commit.doubted`)
         passed_over = final and not reread and not policy.rereads(words)
         new = policy.new_words(words) if final and not request.background else []
-        doubt = not reread and not passed_over and commit.doubted(mean_logprob(new), len(new)) \
-            and commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
-        redo = passed_over and commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
+        sureness = mean_logprob(new)
+        may_retry = commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
+        doubt = not reread and not passed_over and may_retry and commit.doubted(sureness, len(new))
+        redo = passed_over and may_retry
         if reread:
             words = self._surer(facts, words)
         if doubt:  # read again from the last final's end, the window kept for the finals after
-            self.doubt = (facts.end, new, mean_logprob(new))
+            self.doubt = (facts.end, new, sureness)
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         else:
@@ -496,8 +497,7 @@ class Stream:
     def _surer(self, facts: commit.WindowFacts, words: list[Word]) -> list[Word]:
         """A final read again without its context (`self.doubt`) -> the surer reading of the
         two, when both read the same audio; the doubt is done with either way."""
-        if self.doubt is None:
-            return words
+        assert self.doubt is not None
         end, first, logprob = self.doubt
         self.doubt = None
         second = self.policy.new_words(words)
