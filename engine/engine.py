@@ -58,6 +58,7 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler_config(bundle.device.type))
         self.runner = self._start_runner()
         self.streams: dict[str, Stream] = {}  # request id -> the session's state
+        self.turn_streams: dict[str, Stream] = {}  # the sessions that asked for turn events
         self.last_stats = StepStats()
         self.processor_counts = (0, 0)  # the runner's processor cache: (queries, hits)
         # set (from any thread) to give up the partials-only step in flight: a final fell due
@@ -129,7 +130,12 @@ class Engine:
     def set_turns(self, request_id: str, settings: TurnSettings | None) -> None:
         """Find the session's speech started / stopped events from now on (None: stop);
         `take_turns` hands them out."""
-        self.stream(request_id).set_turns(settings)
+        stream = self.stream(request_id)
+        stream.set_turns(settings)
+        if settings is not None:
+            self.turn_streams[request_id] = stream
+        else:
+            self.turn_streams.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
         stream = self.streams.get(request_id)
@@ -138,6 +144,7 @@ class Engine:
             self._drop(request_id)
 
     def _drop(self, request_id: str) -> None:
+        self.turn_streams.pop(request_id, None)
         self.scheduler.finish_request(self.streams.pop(request_id).request)
 
     def has_request(self, request_id: str) -> bool:
@@ -180,7 +187,7 @@ class Engine:
         new ones, an output with its speech started / stopped events only."""
         self.hear()
         outputs = []
-        for stream in self.streams.values():
+        for stream in self.turn_streams.values():
             if stream.turn_events:
                 outputs.append(EngineOutput(stream.request_id, [], [], turns=stream.turn_events))
                 stream.turn_events = []
