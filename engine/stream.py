@@ -417,7 +417,7 @@ class Stream:
         doubt = not reread and not passed_over and may_retry and commit.doubted(sureness, len(new))
         redo = passed_over and may_retry
         if reread:
-            words = self._surer(facts, words)
+            words = self._surer(facts, words, new, sureness)
         if doubt:  # read again from the last final's end, the window kept for the finals after
             self.doubt = (facts.end, new, sureness)
             request.reread_start = request.preview_start
@@ -494,14 +494,15 @@ class Stream:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
 
-    def _surer(self, facts: commit.WindowFacts, words: list[Word]) -> list[Word]:
-        """A final read again without its context (`self.doubt`) -> the surer reading of the
-        two, when both read the same audio; the doubt is done with either way."""
+    def _surer(self, facts: commit.WindowFacts, words: list[Word], second: list[Word],
+               sureness: float) -> list[Word]:
+        """A final read again without its context (`self.doubt`), `words` with its new ones
+        `second` of mean log-probability `sureness` -> the surer reading of the two, when both
+        read the same audio; the doubt is done with either way."""
         assert self.doubt is not None
         end, first, logprob = self.doubt
         self.doubt = None
-        second = self.policy.new_words(words)
-        if end != facts.end or not commit.surer((logprob, len(first)), (mean_logprob(second), len(second))):
+        if end != facts.end or not commit.surer((logprob, len(first)), (sureness, len(second))):
             return words
         return first
 
