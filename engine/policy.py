@@ -34,8 +34,9 @@ class LocalAgreement:
     def committed_end_ms(self) -> int:
         return self.committed[-1].end_ms if self.committed else 0
 
-    def new_words(self, hypothesis: list[Word]) -> list[Word]:
-        """The part of a whole-window hypothesis past the committed words.
+    def new_words(self, hypothesis: list[Word], in_window: bool = True) -> list[Word]:
+        """The part of a whole-window hypothesis past the committed words; `in_window=False`:
+        of a decode that starts past them (a second reading), all of it.
 
         The window still holds the audio of the n words committed since it was last cut, so
         a hypothesis repeats them first. Find the committed tail (m = 5 ... 1 words) in it,
@@ -48,7 +49,7 @@ class LocalAgreement:
         would commit the tail again.
         """
         n = self.num_window_committed
-        if n == 0:
+        if n == 0 or not in_window:
             return hypothesis
         end = self._tail_end([w.key for w in hypothesis])
         if end is not None:
@@ -128,12 +129,13 @@ class LocalAgreement:
         self.previous = words[agreed:]
         return PolicyUpdate(newly, list(self.previous))
 
-    def flush(self, hypothesis: list[Word] | None = None) -> PolicyUpdate:
-        """Commit everything: the given final hypothesis, or the last tentative tail.
+    def flush(self, hypothesis: list[Word] | None = None, in_window: bool = True) -> PolicyUpdate:
+        """Commit everything: the given final hypothesis (`new_words`), or the last tentative
+        tail.
 
         A final decode with nothing new (a short window decoded as silence, or a last word
         dropped) commits the last tentative tail instead: words seen are not lost."""
-        words = self.new_words(hypothesis) if hypothesis is not None else []
+        words = self.new_words(hypothesis, in_window) if hypothesis is not None else []
         if not words:
             words = self.previous
         self._commit(words)

@@ -411,19 +411,19 @@ class Stream:
         # decoded again from their end (`commit.retries`); so is one whose new words it read
         # unsure after them, and then the surer reading is committed (`commit.doubted`)
         passed_over = final and not reread and not policy.rereads(words)
-        new = policy.new_words(words) if final and not request.background else []
+        new = policy.new_words(words, in_window=not reread) if final and not request.background else []
         sureness = mean_logprob(new)
         may_retry = commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         doubt = not reread and not passed_over and may_retry and commit.doubted(sureness, len(new))
         redo = passed_over and may_retry
         if reread:
-            words = self._surer(facts, words, new, sureness)
+            words = self._surer(facts, new, sureness)
         if doubt:  # read again from the last final's end, the window kept for the finals after
             self.doubt = (facts.end, new, sureness)
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         else:
-            update = PolicyUpdate([], []) if redo else self._commit(plan, words)
+            update = PolicyUpdate([], []) if redo else self._commit(plan, words, in_window=not reread)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
@@ -494,16 +494,15 @@ class Stream:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
 
-    def _surer(self, facts: commit.WindowFacts, words: list[Word], second: list[Word],
-               sureness: float) -> list[Word]:
-        """A final read again without its context (`self.doubt`), `words` with its new ones
-        `second` of mean log-probability `sureness` -> the surer reading of the two, when both
-        read the same audio; the doubt is done with either way."""
+    def _surer(self, facts: commit.WindowFacts, second: list[Word], sureness: float | None) -> list[Word]:
+        """A final read again without its context (`self.doubt`) to `second`, of mean
+        log-probability `sureness` -> the surer reading's words (both start past the committed
+        words), when both read the same audio; the doubt is done with either way."""
         assert self.doubt is not None
         end, first, logprob = self.doubt
         self.doubt = None
         if end != facts.end or not commit.surer((logprob, len(first)), (sureness, len(second))):
-            return words
+            return second
         return first
 
     def _before_skip(self, facts: commit.WindowFacts, words: list[Word]) -> list[Word]:
@@ -528,7 +527,8 @@ class Stream:
         start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
         return self.speech.unheard(start_ms, end_ms, words, UNHEARD_SPEECH_MS)
 
-    def _commit(self, plan: commit.Plan, words: list[Word]) -> PolicyUpdate:
+    def _commit(self, plan: commit.Plan, words: list[Word], in_window: bool = True) -> PolicyUpdate:
+        """`in_window=False`: a final's words that start past the committed ones (`_surer`)."""
         policy, action = self.policy, plan.action
         if action is commit.Action.SHOW:
             # only the audio past the committed words: the tentative tail to show. The policy
@@ -536,7 +536,7 @@ class Stream:
             # commit it): a short window alone decodes worse, Whisper's " you" on a breath
             return PolicyUpdate([], words)
         if action is commit.Action.FINAL:
-            return PolicyUpdate(policy.flush(words).committed, [])
+            return PolicyUpdate(policy.flush(words, in_window).committed, [])
         if not plan.counts:  # a loop: neither agreement nor the tail to show
             update = PolicyUpdate([], list(policy.previous))
         else:

@@ -334,12 +334,13 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     loaf" for "Then shape the loaf"). A live final whose new words the decoder read unsure
     after committed words commits nothing at first (its words are shown), is decoded again
     from the last final's end, and the surer of the two readings is committed; the window
-    keeps its context for the finals after it."""
+    keeps its context for the finals after it. The second reading starts past the committed
+    words: a word of their tail in it ("the") is no repeat of them to trim at."""
     stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
     request = stream.request
     request.num_decoded_positions = ms_to_positions(4_400)
     request.endpoints.append(ms_to_positions(4_400))
-    first = read("the first sentence ends right here", 400, 600, -1.0)  # to 4.0 s
+    first = read("we walked up to the hill", 400, 600, -1.0)  # to 4.0 s
     # the first utterance has no context before it: unsure or not, it is committed
     assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
     assert request.window_start == 0  # a short final stays in the window as context
