@@ -411,19 +411,22 @@ class Stream:
         # decoded again from their end (`commit.retries`); so is one whose new words it read
         # unsure after them, and then the surer reading is committed (`commit.doubted`)
         passed_over = final and not reread and not policy.rereads(words)
-        new = policy.new_words(words, in_window=not reread) if final and not request.background else []
+        live_final = final and not request.background
+        new = policy.new_words(words, in_window=not reread) if live_final else []
         sureness = mean_logprob(new)
         may_retry = commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         doubt = not reread and not passed_over and may_retry and commit.doubted(sureness, len(new))
         redo = passed_over and may_retry
         if reread:
-            words = self._surer(facts, new, sureness)
+            new = self._surer(facts, new, sureness)
         if doubt:  # read again from the last final's end, the window kept for the finals after
             self.doubt = (facts.end, new, sureness)
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         else:
-            update = PolicyUpdate([], []) if redo else self._commit(plan, words, in_window=not reread)
+            # a live final commits its new words, found once (`new_words`)
+            update = PolicyUpdate([], []) if redo else self._commit(
+                plan, new if live_final else words, in_window=not live_final)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
@@ -528,7 +531,7 @@ class Stream:
         return self.speech.unheard(start_ms, end_ms, words, UNHEARD_SPEECH_MS)
 
     def _commit(self, plan: commit.Plan, words: list[Word], in_window: bool = True) -> PolicyUpdate:
-        """`in_window=False`: a final's words that start past the committed ones (`_surer`)."""
+        """`in_window=False`: a final's words past the committed ones (`LocalAgreement.new_words`)."""
         policy, action = self.policy, plan.action
         if action is commit.Action.SHOW:
             # only the audio past the committed words: the tentative tail to show. The policy
