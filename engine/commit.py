@@ -18,6 +18,11 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   readings is committed. The utterance before is the context that reads the next one's first
   words best when one talker goes on, and worst after a change of voice or of room; which,
   the decoder's certainty tells (docs/evaluation.md, A second reading).
+- A live final read unsure with nothing committed before it in its window (a session's first
+  utterance, or the first after a long silence) has no context to drop: it is held (its
+  words shown) and read again with the next utterance, in the next final of the same window,
+  or alone once HOLD_SILENCE_MS pass with no speech. Whisper reads a voice better having
+  heard more of it, after as well as before.
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
   A decode caught in a loop counts for nothing: two decodes of one loop agree on it (a
@@ -53,6 +58,10 @@ RETRY_PROGRESS_POSITIONS = POSITIONS_PER_SECOND
 # context, are read again without it (`doubted`)
 DOUBT_LOGPROB = -0.4
 DOUBT_MIN_WORDS = 3  # ... when they are this many words or more
+# ... with nothing committed before them, they wait for the next utterance (`held`), up to
+# this much silence, when their window is no longer than HOLD_MAX_POSITIONS
+HOLD_SILENCE_MS = 1000
+HOLD_MAX_POSITIONS = 10 * POSITIONS_PER_SECOND
 SHORT_READING = 0.75  # a reading with fewer words than this share of the other's skipped speech
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
 # a long window is cut at the start of the committed words' unfinished sentence if it began
@@ -141,6 +150,15 @@ def doubted(new_logprob: float | None, num_words: int) -> bool:
     reading without them: an utterance of a few words (a VAD that hears a voice only here and
     there ends one every word or two) reads worse alone than with the context before it."""
     return new_logprob is not None and new_logprob < DOUBT_LOGPROB and num_words >= DOUBT_MIN_WORDS
+
+
+def held(facts: WindowFacts, committed_end: int, new_logprob: float | None, num_words: int) -> bool:
+    """Whether a live final's new words wait for the next utterance, to be read with it: read
+    unsure (`doubted`) with nothing committed before them in the window (no context to read
+    them again without: not `may_retry`), in a short window that no flush ends. (The stream
+    asks only of a window no commit cut: after a cut the speech before it is near.)"""
+    return (not facts.flushed and facts.end - facts.start <= HOLD_MAX_POSITIONS
+            and not may_retry(facts, committed_end) and doubted(new_logprob, num_words))
 
 
 def surer(first: tuple[float | None, int], second: tuple[float | None, int]) -> bool:

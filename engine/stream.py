@@ -158,6 +158,12 @@ class Stream:
         # mean token log-probability), until the final read again without it
         # (`request.reread_start`, commit.doubted)
         self.doubt: tuple[int, list[Word], float | None] | None = None
+        # the end of a live final read unsure with no context before it, whose words wait
+        # uncommitted for the next final of the window (commit.held)
+        self.held_end: int | None = None
+        # the window starts where the session does or after a long silence (`skip_silence`),
+        # not where a commit cut it: no speech comes before it
+        self.fresh_window = True
         self.key = key
         self.timestamp_begin = timestamp_begin
         self.item_positions = item_positions(config.item_samples)  # 4 for 80 ms
@@ -304,6 +310,11 @@ class Stream:
         end = (item + 1) * self.item_positions
         if speech:
             request.last_speech_end = end
+        held = self.held_end
+        if held is not None and request.last_speech_end <= held and not request.endpoints \
+                and end - held >= ms_to_positions(commit.HOLD_SILENCE_MS):
+            request.endpoints.append(end)  # no next utterance came: the held words' final
+            request.last_endpoint = end
         if self.pauses is None:
             return
         if self.pauses.push(speech, level) and self.pauses.ends_utterance:
@@ -330,6 +341,7 @@ class Stream:
             return
         if self.speech.speech_ms(committed + SPEECH_TAIL_MS, onset) == 0:
             self._cut(ms_to_positions(onset - LEAD_IN_MS))
+            self.fresh_window = True
 
     # ------------------------------------------------------------------ decoding
 
@@ -415,7 +427,14 @@ class Stream:
         new = policy.new_words(words, in_window=not reread) if live_final else []
         sureness = mean_logprob(new)
         may_retry = commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
-        doubt = not reread and not passed_over and may_retry and commit.doubted(sureness, len(new))
+        # the final after a hold read the held words with the speech after them: no second
+        # reading (from the last final's end, behind the words partials committed meanwhile)
+        doubt = not reread and not passed_over and may_retry and self.held_end is None \
+            and commit.doubted(sureness, len(new))
+        hold = live_final and self.fresh_window and self.held_end is None and commit.held(
+            facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
+        if final:
+            self.held_end = None
         redo = passed_over and may_retry
         if reread:
             new = self._surer(facts, new, sureness)
@@ -423,6 +442,8 @@ class Stream:
             self.doubt = (facts.end, new, sureness)
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
+        elif hold:  # read again with the next utterance, from the window's start
+            update = PolicyUpdate([], new)
         else:
             # a live final commits its new words, found once (`new_words`)
             update = PolicyUpdate([], []) if redo else self._commit(
@@ -431,14 +452,17 @@ class Stream:
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
         sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
-        cut = None if doubt else commit.new_window_start(
+        cut = None if doubt or hold else commit.new_window_start(
             facts, plan.action, ms_to_positions(end_ms), missed,
             None if sentence is None else ms_to_positions(sentence), redo)
         if cut is not None:
             self._cut(cut)
+            self.fresh_window = False
         retry = final and (doubt or (cut is not None and cut < facts.end))
         flushed_ms, done = None, False
-        if final and not retry:  # (a retry's final stays due)
+        if hold:
+            self._hold(facts.end)
+        elif final and not retry:  # (a retry's final stays due)
             self._after_final(facts.end)
             if facts.flushed:
                 flushed_ms = self.padding.audio_ms(positions_to_ms(facts.end))
@@ -560,6 +584,14 @@ class Stream:
             request.flush_position = 0
         request.preview_start = end
         self._prune_drafts()
+
+    def _hold(self, end: int) -> None:
+        """A final's words wait for the next final (commit.held): its pause is done, and the
+        partials until then read the window from its start (previews of all of it)."""
+        request = self.request
+        while request.endpoints and request.endpoints[0] <= end:
+            request.endpoints.popleft()
+        self.held_end = end
 
     def _cut(self, position: int) -> None:
         """Start the window at `position`, rounded down to an item (never behind the window

@@ -7,6 +7,7 @@ from audio.vad import CHUNK_SAMPLES
 from engine.commit import (
     DOUBT_LOGPROB,
     FORCE_KEEP_POSITIONS,
+    HOLD_SILENCE_MS,
     RETRY_SPEECH_MS,
     TRIM_AFTER_POSITIONS,
     Action,
@@ -340,8 +341,7 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     request = stream.request
     request.num_decoded_positions = ms_to_positions(4_400)
     request.endpoints.append(ms_to_positions(4_400))
-    first = read("we walked up to the hill", 400, 600, -1.0)  # to 4.0 s
-    # the first utterance has no context before it: unsure or not, it is committed
+    first = read("we walked up to the hill", 400, 600, -0.1)  # to 4.0 s
     assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
     assert request.window_start == 0  # a short final stays in the window as context
 
@@ -369,6 +369,106 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     sure.request.num_decoded_positions = ms_to_positions(9_400)
     out = sure.apply(WindowResult("s", first + read("then shape the loaf", 5_000, 900, -0.1), final=True))
     assert [w.text.strip() for w in out.committed] == ["then", "shape", "the", "loaf"]
+
+
+def hear_silence(stream: Stream, ms: int) -> None:
+    """`ms` more of audio in which the VAD hears no speech, as Engine.hear would tell it."""
+    chunks = ms * 16 // CHUNK_SAMPLES
+    stream.add_audio(np.zeros(ms * 16, np.float32))
+    stream.take_unheard()
+    stream.vad.num_chunks += chunks
+    stream.hear(np.zeros(chunks, np.float32))
+
+
+@pytest.mark.parametrize("logprob, flushed, held", [
+    (2 * DOUBT_LOGPROB, False, True), (-0.1, False, False), (2 * DOUBT_LOGPROB, True, False)])
+def test_a_first_final_read_unsure_waits_to_be_read_with_the_next_utterance(logprob, flushed, held):
+    """Whisper reads a voice better having heard more of it: a session's first sentences
+    alone ("We're not going to take stations on the same consumer.") read worse than with the
+    next one ("... on an adult takes patience and the sense of humour."). A live final read
+    unsure with nothing committed before it in its window is shown, not committed, and read
+    again with the next utterance in the next final of the window; a flush commits it now."""
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    request = stream.request
+    pause, next_pause = request.endpoints  # where the VAD heard each utterance end
+    request.num_decoded_positions = pause
+    if flushed:
+        request.flush_position = pause
+    first = read("learning a new language", 400, 900, logprob)  # to 4.0 s
+    out = stream.apply(WindowResult("s", first, final=True))
+    assert [w.text for w in (out.tentative if held else out.committed)] == [w.text for w in first]
+    assert out.committed == [] if held else out.tentative == []
+    assert list(request.endpoints) == [next_pause]
+    assert request.window_start == (pause // 4 * 4 if flushed else 0)  # a flush cuts the window
+    if not held:
+        return
+    assert request.preview_start == 0  # previews read from the window's start: the held words too
+
+    request.num_decoded_positions = next_pause
+    both = read("learning a new language as an adult takes patience", 400, 900, -0.5)
+    out = stream.apply(WindowResult("s", both, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in both] and out.tentative == []
+    assert stream.held_end is None and not Scheduler.final_due(request)
+
+
+def test_the_final_after_a_hold_commits_what_agreement_left_with_no_second_reading():
+    """Partials over a held window of 8 s or more commit by agreement, as any; the final
+    after them commits the rest, unsure or not: a second reading starts at the last final's
+    end, which a hold leaves behind the words those partials committed."""
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    request = stream.request
+    request.num_decoded_positions = request.endpoints[0]
+    first = read("learning a new language", 400, 900, 2 * DOUBT_LOGPROB)
+    assert stream.apply(WindowResult("s", first, final=True)).committed == []
+    both = read("learning a new language as an adult takes patience", 400, 900, 2 * DOUBT_LOGPROB)
+    request.num_decoded_positions = ms_to_positions(9_000)
+    committed = []
+    for text in ("learning a new language as an ant", "learning a new language as an adult"):
+        partial = read(text, 400, 900, 2 * DOUBT_LOGPROB)  # two partials agree on six words
+        committed += stream.apply(WindowResult("s", partial, final=False)).committed
+    assert len(committed) == 6
+    request.num_decoded_positions = request.endpoints[0]
+    out = stream.apply(WindowResult("s", both, final=True))
+    assert [w.text for w in committed + out.committed] == [w.text for w in both]
+    assert not Scheduler.final_due(request) and request.reread_start is None
+
+
+def test_a_final_after_a_commit_cut_is_not_held():
+    """A window cut at its committed words (over 15 s) starts right after speech: its first
+    final is committed as read, unsure or not (only a session's first utterance, or the first
+    after a long silence, waits for the next one)."""
+    stream = speech_stream([(0, 16_000), (17_000, 20_000)], seconds=21)
+    request = stream.request
+    pause, next_pause = request.endpoints
+    request.num_decoded_positions = pause
+    long = read(" ".join(["word"] * 20), 400, 780, -0.1)  # to 16 s
+    assert len(stream.apply(WindowResult("s", long, final=True)).committed) == 20
+    assert request.window_start > 0  # cut at the committed end
+    request.num_decoded_positions = next_pause
+    unsure = read("learning a new language", 17_000, 700, 2 * DOUBT_LOGPROB)
+    out = stream.apply(WindowResult("s", unsure, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in unsure]
+
+
+def test_held_words_are_committed_when_no_utterance_follows():
+    """A held final (above) waits HOLD_SILENCE_MS for the next utterance: a talker who said
+    one sentence and waits for an answer gets its final then, read alone."""
+    stream = speech_stream([(0, 4_000)], seconds=5)
+    request = stream.request
+    pause = request.num_decoded_positions = request.endpoints[0]
+    first = read("learning a new language", 400, 900, 2 * DOUBT_LOGPROB)
+    assert stream.apply(WindowResult("s", first, final=True)).committed == []
+    hear_silence(stream, 160)  # audio to 5.16 s, under HOLD_SILENCE_MS past the pause (4.24 s)
+    assert not Scheduler.final_due(request)
+    hear_silence(stream, 1_000)
+    assert Scheduler.final_due(request)
+    window = Scheduler()._window(request, partial=False)
+    assert window.final and window.speech and window.window_start == 0
+    waited = window.window_end - pause
+    assert ms_to_positions(HOLD_SILENCE_MS) <= waited < ms_to_positions(HOLD_SILENCE_MS + 100)
+    request.num_decoded_positions = window.window_end
+    out = stream.apply(WindowResult("s", first, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in first] and not Scheduler.final_due(request)
 
 
 def test_a_window_cut_at_the_committed_end_holds_none_of_the_committed_words():
