@@ -158,9 +158,9 @@ class Stream:
         # mean token log-probability), until the final read again without it
         # (`request.reread_start`, commit.doubted)
         self.doubt: tuple[int, list[Word], float | None] | None = None
-        # the end of a live final read unsure with no context before it, whose words wait
-        # uncommitted for the next final of the window (commit.held)
-        self.held_end: int | None = None
+        # (the end, the words) of a live final read unsure with no context before it, whose
+        # words wait uncommitted for the next final of the window (commit.held)
+        self.held: tuple[int, list[Word]] | None = None
         # the window starts where the session does or after a long silence (`skip_silence`),
         # not where a commit cut it: no speech comes before it
         self.fresh_window = True
@@ -310,7 +310,7 @@ class Stream:
         end = (item + 1) * self.item_positions
         if speech:
             request.last_speech_end = end
-        held = self.held_end
+        held = self.held[0] if self.held is not None else None
         if held is not None and request.last_speech_end <= held and not request.endpoints \
                 and end - held >= ms_to_positions(commit.HOLD_SILENCE_MS):
             request.endpoints.append(end)  # no next utterance came: the held words' final
@@ -429,12 +429,12 @@ class Stream:
         may_retry = commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         # the final after a hold read the held words with the speech after them: no second
         # reading (from the last final's end, behind the words partials committed meanwhile)
-        doubt = not reread and not passed_over and may_retry and self.held_end is None \
+        doubt = not reread and not passed_over and may_retry and self.held is None \
             and commit.doubted(sureness, len(new))
-        hold = live_final and self.fresh_window and self.held_end is None and commit.held(
+        hold = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
-        if final:
-            self.held_end = None
+        if final and self.held is not None:
+            new = self._release(new, live_final)
         redo = passed_over and may_retry
         if reread:
             new = self._surer(facts, new, sureness)
@@ -461,7 +461,7 @@ class Stream:
         retry = final and (doubt or (cut is not None and cut < facts.end))
         flushed_ms, done = None, False
         if hold:
-            self._hold(facts.end)
+            self._hold(facts.end, new)
         elif final and not retry:  # (a retry's final stays due)
             self._after_final(facts.end)
             if facts.flushed:
@@ -585,13 +585,23 @@ class Stream:
         request.preview_start = end
         self._prune_drafts()
 
-    def _hold(self, end: int) -> None:
+    def _hold(self, end: int, words: list[Word]) -> None:
         """A final's words wait for the next final (commit.held): its pause is done, and the
         partials until then read the window from its start (previews of all of it)."""
         request = self.request
         while request.endpoints and request.endpoints[0] <= end:
             request.endpoints.popleft()
-        self.held_end = end
+        self.held = (end, words)
+
+    def _release(self, new: list[Word], live: bool) -> list[Word]:
+        """The final after a hold, its new words `new` -> the words it commits: those, or the
+        held words not committed yet where a live one read nothing."""
+        assert self.held is not None
+        held = self.held[1]
+        self.held = None
+        if live and not new:
+            return [w for w in held if w.end_ms > self.policy.committed_end_ms]
+        return new
 
     def _cut(self, position: int) -> None:
         """Start the window at `position`, rounded down to an item (never behind the window

@@ -408,7 +408,7 @@ def test_a_first_final_read_unsure_waits_to_be_read_with_the_next_utterance(logp
     both = read("learning a new language as an adult takes patience", 400, 900, -0.5)
     out = stream.apply(WindowResult("s", both, final=True))
     assert [w.text for w in out.committed] == [w.text for w in both] and out.tentative == []
-    assert stream.held_end is None and not Scheduler.final_due(request)
+    assert stream.held is None and not Scheduler.final_due(request)
 
 
 def test_the_final_after_a_hold_commits_what_agreement_left_with_no_second_reading():
@@ -450,7 +450,8 @@ def test_a_final_after_a_commit_cut_is_not_held():
     assert [w.text for w in out.committed] == [w.text for w in unsure]
 
 
-def test_held_words_are_committed_when_no_utterance_follows():
+@pytest.mark.parametrize("read_again", [True, False])
+def test_held_words_are_committed_when_no_utterance_follows(read_again):
     """A held final (above) waits HOLD_SILENCE_MS for the next utterance: a talker who said
     one sentence and waits for an answer gets its final then, read alone."""
     stream = speech_stream([(0, 4_000)], seconds=5)
@@ -467,7 +468,8 @@ def test_held_words_are_committed_when_no_utterance_follows():
     waited = window.window_end - pause
     assert ms_to_positions(HOLD_SILENCE_MS) <= waited < ms_to_positions(HOLD_SILENCE_MS + 100)
     request.num_decoded_positions = window.window_end
-    out = stream.apply(WindowResult("s", first, final=True))
+    # (read again, the same; a final after a hold that reads nothing commits the held words)
+    out = stream.apply(WindowResult("s", first if read_again else [], final=True))
     assert [w.text for w in out.committed] == [w.text for w in first] and not Scheduler.final_due(request)
 
 
