@@ -578,8 +578,7 @@ class Stream:
     def _after_final(self, end: int) -> None:
         """A final decode committed everything before `end`: its pauses and flush are done."""
         request = self.request
-        while request.endpoints and request.endpoints[0] <= end:
-            request.endpoints.popleft()
+        self._pass_endpoints(end)
         if request.flush_position <= end:
             request.flush_position = 0
         request.preview_start = end
@@ -588,10 +587,14 @@ class Stream:
     def _hold(self, end: int, words: list[Word]) -> None:
         """A final's words wait for the next final (commit.held): its pause is done, and the
         partials until then read the window from its start (previews of all of it)."""
-        request = self.request
-        while request.endpoints and request.endpoints[0] <= end:
-            request.endpoints.popleft()
+        self._pass_endpoints(end)
         self.held = (end, words)
+
+    def _pass_endpoints(self, position: int) -> None:
+        """Drop the pauses at or before `position`: their finals are done or passed."""
+        endpoints = self.request.endpoints
+        while endpoints and endpoints[0] <= position:
+            endpoints.popleft()
 
     def _release(self, new: list[Word], live: bool) -> list[Word]:
         """The final after a hold, its new words `new` -> the words it commits: those, or the
@@ -610,8 +613,7 @@ class Stream:
         size = self.item_positions
         start = max(request.window_start, min(position, request.num_positions) // size * size)
         request.window_start = start
-        while request.endpoints and request.endpoints[0] <= start:
-            request.endpoints.popleft()  # pauses the window has passed
+        self._pass_endpoints(start)
         self.policy.cut_window(positions_to_ms(start))
         self.speech.forget_before(positions_to_ms(start))
         request.preview_start = max(request.preview_start, start)  # committed before
