@@ -325,7 +325,7 @@ class Stream:
 
     def skip_silence(self) -> None:
         """Start the window shortly before speech that follows a long silence, once
-        everything before that silence is committed. Whisper, given seconds of silence before
+        everything before that silence is read. Whisper, given seconds of silence before
         the speech (and the committed text as its prompt), repeats the prompt's last sentence
         or makes up words in them; the silence holds nothing to transcribe. Not while a decode
         of the window is in flight (its result is applied against the window it had)."""
@@ -336,10 +336,13 @@ class Stream:
             return
         committed = self.policy.committed_end_ms
         start = max(positions_to_ms(request.window_start), committed)
-        onset = self.speech.next_speech(start + SPEECH_TAIL_MS)
+        # read: committed, or read by a final as nothing (a knock, a note of music that the
+        # VAD took for speech); a held final leaves `preview_start` where it was
+        read = max(committed, positions_to_ms(request.preview_start))
+        onset = self.speech.next_speech(max(start, read) + SPEECH_TAIL_MS)
         if onset is None or onset - start < LONG_SILENCE_MS:
             return
-        if self.speech.speech_ms(committed + SPEECH_TAIL_MS, onset) == 0:
+        if self.speech.speech_ms(read + SPEECH_TAIL_MS, onset) == 0:
             self._cut(ms_to_positions(onset - LEAD_IN_MS))
             self.fresh_window = True
 

@@ -28,8 +28,10 @@ from engine.engine import Engine, StepInput
 from engine.model.transcribe import transcribe
 from engine.model.whisper import ModelDimensions, Whisper
 from engine.model_runner import ModelRunner
+from engine.speech_map import LEAD_IN_MS
 from engine.stem_store import INITIAL_SLOTS, StemStore
 from engine.stream import Stream, hash_key
+from engine.timeline import positions_to_ms
 from scripts.corpus import align
 from scripts.wer import normalize, word_errors
 from tests.helpers import (
@@ -932,6 +934,73 @@ def test_audio_pushed_far_ahead_loses_no_passage(background):
     hypothesis = "".join(w.text for w in words)
     errors, n = word_errors(reference, hypothesis)
     assert longest_missing_run(reference, hypothesis) <= 3 and errors / n <= 0.15, hypothesis
+
+
+def melody(seconds: float, dbfs: float, seed: int) -> np.ndarray:
+    """(n,) float32: notes of 0.3 s (a tone and two harmonics, decaying) at random semitones."""
+    rng, t = np.random.default_rng(seed), np.arange(int(0.3 * 16000)) / 16000
+    notes = [sum(np.sin(2 * np.pi * f * k * t) / k for k in (1, 2, 3)) * np.exp(-3 * t)
+             for f in 220 * 2 ** (rng.integers(0, 24, int(seconds / 0.3)) / 12)]
+    x = np.concatenate(notes)
+    return (x / np.sqrt(np.mean(x**2)) * 10 ** (dbfs / 20)).astype(np.float32)
+
+
+def test_a_note_the_vad_takes_for_speech_in_a_long_pause_leaves_the_pause_skipped(monkeypatch):
+    """Music between two sentences, louder than the speech; the VAD takes a note of it for
+    speech (0.2 s, 1 s in), and a final reads that as nothing. The window still skips the
+    pause before the next sentence, as it does with no such note: kept, 20 s of music before
+    a sentence had its first words stamped at the window's start, in the music (the decoder's
+    first timestamp is at most 1 s into a window)."""
+    from engine import engine as engine_module
+
+    (first, second), text = [audio(librivox_path(c)).numpy() for c in ("0870", "0880")], transcripts()
+    music = melody(20, -15, seed=2)
+    pause = np.zeros(8000, np.float32)
+    samples = np.concatenate([first, pause, music, pause, second])
+    gap_start, gap_end = (len(first) + 8000) // 16, (len(first) + 8000 + len(music)) // 16 + 500
+    onset = gap_end + speech_onset_ms(second)
+    knock = range((gap_start + 1000) * 16 // 512, (gap_start + 1200) * 16 // 512)  # VAD chunks
+    real_detect, seen = engine_module.detect, [0]
+
+    def knocked(detectors, chunks):
+        probs = real_detect(detectors, chunks)
+        for p in probs:
+            index = seen[0] + np.arange(p.size)
+            seen[0] += p.size
+            p[np.isin(index, knock)] = 0.9
+        return probs
+
+    monkeypatch.setattr(engine_module, "detect", knocked)
+    windows, apply = [], Stream.apply  # (start, end) ms of each decode of the window
+
+    def noted(self, result):
+        request = self.request
+        if not result.preview:
+            windows.append((positions_to_ms(request.window_start),
+                            positions_to_ms(request.num_decoded_positions)))
+        return apply(self, result)
+
+    monkeypatch.setattr(Stream, "apply", noted)
+    engine, words = Engine(bundle()), []
+    engine.add_request("s")
+    for i in range(0, len(samples), 3200):
+        engine.add_audio("s", samples[i : i + 3200])
+        if i < len(first) <= i + 3200:
+            engine.flush("s")  # a client's Finalize: the window is cut after the first sentence
+        words += [w for out in engine.step() for w in out.committed]
+    engine.finish("s")
+    while engine.has_request("s"):
+        words += [w for out in engine.step() for w in out.committed]
+    assert seen[0] > knock.stop
+    # a decode of the next sentence reads it from a second before its onset (100: an item)
+    late = [(start, end) for start, end in windows if end > onset + 500 and start < onset - LEAD_IN_MS - 100]
+    assert not late, (late, onset)
+    hypothesis = "".join(w.text for w in words)
+    errors, n = word_errors(text[librivox_path("0870")] + " " + text[librivox_path("0880")], hypothesis)
+    inside = [w.text for w in words if gap_start + 500 < (w.start_ms + w.end_ms) // 2 < gap_end - 500]
+    assert errors / n <= 0.1 and not inside, (hypothesis, inside)
+    after = [w for w in words if w.start_ms > gap_start]
+    assert after and abs(after[0].start_ms - onset) <= 300, (after[0], onset)
 
 
 def test_speech_after_a_long_silence_is_decoded_without_the_silence():
