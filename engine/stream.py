@@ -437,7 +437,7 @@ class Stream:
         hold = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
         if final and self.held is not None:
-            new = self._release(new, live_final)
+            new = self._release(facts, new, live_final)
         redo = passed_over and may_retry
         if reread:
             new = self._surer(facts, new, sureness)
@@ -599,15 +599,23 @@ class Stream:
         while endpoints and endpoints[0] <= position:
             endpoints.popleft()
 
-    def _release(self, new: list[Word], live: bool) -> list[Word]:
-        """The final after a hold, its new words `new` -> the words it commits: those, or the
-        held words not committed yet where a live one read nothing."""
+    def _release(self, facts: commit.WindowFacts, new: list[Word], live: bool) -> list[Word]:
+        """The final after a hold, its new words `new` -> the words it commits: those, and
+        the held words not committed yet that lie in speech a live one passed over (all of
+        them where it read nothing). A decode that skips from the window's start is not read
+        better from there again (`_before_skip`); the held reading is one that read it."""
         assert self.held is not None
-        held = self.held[1]
+        held = [w for w in self.held[1] if w.end_ms > self.policy.committed_end_ms]
         self.held = None
-        if live and not new:
-            return [w for w in held if w.end_ms > self.policy.committed_end_ms]
-        return new
+        if not live:
+            return new
+        if not new:
+            return held
+        hole = self._skipped(facts, positions_to_ms(facts.end), new)
+        if hole is None:
+            return new
+        passed = [w for w in held if hole[0] <= (w.start_ms + w.end_ms) // 2 <= hole[1]]
+        return sorted(passed + new, key=lambda w: w.start_ms)
 
     def _cut(self, position: int) -> None:
         """Start the window at `position`, rounded down to an item (never behind the window

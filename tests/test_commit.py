@@ -433,6 +433,23 @@ def test_the_final_after_a_hold_commits_what_agreement_left_with_no_second_readi
     assert not Scheduler.final_due(request) and request.reread_start is None
 
 
+def test_the_final_after_a_hold_that_passes_over_the_held_utterance_commits_the_held_words():
+    """The final after a hold may read the window from its second utterance on (after loud
+    breathing, "Going to bed at the same time..." was read only as a loop and held, and the
+    next final read "Bright screens late at night..." alone). The speech it passed over keeps
+    the held reading: no utterance is lost to a hold."""
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    request = stream.request
+    request.num_decoded_positions = request.endpoints[0]
+    first = read("going to be the same time", 400, 600, 2 * DOUBT_LOGPROB)
+    assert stream.apply(WindowResult("s", first, final=True)).committed == []
+    request.num_decoded_positions = request.endpoints[0]
+    second = read("bright screens late at night", 5_000, 800, -0.2)
+    out = stream.apply(WindowResult("s", second, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in first + second]
+    assert stream.held is None and not Scheduler.final_due(request)
+
+
 def test_a_final_after_a_commit_cut_is_not_held():
     """A window cut at its committed words (over 15 s) starts right after speech: its first
     final is committed as read, unsure or not (only a session's first utterance, or the first
