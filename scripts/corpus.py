@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 5  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 6  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -373,7 +373,8 @@ class Clip:
     audio: np.ndarray  # (n,) mono or (n, channels) float32 at `rate`
     rate: int
     sentences: list[dict]  # text, onset, end (seconds), speaker
-    gaps: list[dict]  # start, end (seconds), kind ("silence", "noise", "reverb", "offset"), noise_dbfs
+    # start, end (seconds), kind ("silence", "noise", "reverb", "offset", "sound"), noise_dbfs
+    gaps: list[dict]
     info: dict = field(default_factory=dict)  # speech_dbfs, gain_db, noise
 
 
@@ -485,6 +486,60 @@ def cheap_microphone(clip: Clip, name: str, db: float, offset: float, seed: int)
     info = {**clip.info, "speech_dbfs": clip.info["speech_dbfs"] + db, "gain_db": clip.info["gain_db"] + db,
             "noise": {"kind": "offset", "dbfs": offset_dbfs, "clicks": len(clicked)}}
     return Clip(name, name, audio.astype(np.float32), clip.rate, clip.sentences, gaps, info)
+
+
+SOUNDS = ("music", "hum", "typing", "ringing", "breathing", "door", "rumble")
+SOUND_EDGE_S = 0.5  # a sound in a gap stops this far from the speech on each side
+
+
+def sound(kind: str, n: int, rate: int, rng: np.random.Generator) -> np.ndarray:
+    """(n,) a sound that is not speech, at unit RMS: notes of a tune, mains hum, keys typed,
+    a telephone ringing (2 s of 440 + 480 Hz in 6 s), breaths, doors slammed, low rumble."""
+    t = np.arange(n) / rate
+    if kind == "music":
+        note = np.arange(round(0.3 * rate)) / rate
+        freqs = 220 * 2 ** (rng.integers(0, 24, -(-n // note.size)) / 12)
+        x = np.concatenate([sum(np.sin(2 * np.pi * f * k * note) / k for k in (1, 2, 3)) * np.exp(-3 * note)
+                            for f in freqs])[:n]
+    elif kind == "hum":
+        x = sum(np.sin(2 * np.pi * 50 * k * t) / k for k in range(1, 6))
+    elif kind in ("typing", "door"):
+        length, count = (200, 7 * n // rate) if kind == "typing" else (rate // 2, 3)
+        x = np.zeros(n)
+        for at in rng.integers(0, max(1, n - length), max(1, count)):
+            x[at : at + length] += np.exp(-np.arange(length) / (length / 7)) * rng.standard_normal(length)
+    elif kind == "ringing":
+        x = (np.sin(2 * np.pi * 440 * t) + np.sin(2 * np.pi * 480 * t)) * ((t % 6) < 2)
+    elif kind == "breathing":
+        breaths = np.clip(np.sin(2 * np.pi * t / 4), 0, None) ** 2  # one every 4 s
+        x = np.convolve(rng.standard_normal(n), np.ones(8) / 8, "same") * breaths
+    else:  # rumble: brown noise, its slow drift taken out
+        x = np.cumsum(rng.standard_normal(n))
+        x -= np.convolve(x, np.ones(4001) / 4001, "same")
+    return x / max(np.sqrt(np.mean(x**2)), 1e-12)
+
+
+def with_sounds(clip: Clip, name: str, seed: int, min_gap: float = 5.0) -> Clip:
+    """Each gap of `min_gap` s or more holds a sound that is not speech (`SOUNDS`, a seeded
+    order), at a seeded level from 10 dB under the speech to 8 dB over it (its peak at most
+    PEAK_LIMIT), SOUND_EDGE_S from the speech on each side; the other pauses stay silent."""
+    rng = np.random.default_rng(seed + zlib.crc32(name.encode()))
+    audio, gaps = clip.audio.copy(), []
+    kinds = list(rng.permutation(SOUNDS))
+    for g in clip.gaps:
+        if g["end"] - g["start"] < min_gap:
+            gaps.append(g)
+            continue
+        kind = str(kinds.pop(0) if kinds else rng.choice(SOUNDS))
+        a, b = round((g["start"] + SOUND_EDGE_S) * clip.rate), round((g["end"] - SOUND_EDGE_S) * clip.rate)
+        x = sound(kind, b - a, clip.rate, rng)
+        dbfs = clip.info["speech_dbfs"] + rng.uniform(-10, 8)
+        gain = min(10 ** (dbfs / 20), PEAK_LIMIT / np.abs(x).max())
+        audio[a:b] += gain * x
+        dbfs = 20 * np.log10(gain)  # its peak kept under PEAK_LIMIT (a door's is 20 dB over its RMS)
+        gaps.append({**g, "kind": "sound", "sound": kind, "noise_dbfs": round(dbfs, 3)})
+    return Clip(name, name, audio.astype(np.float32), clip.rate, clip.sentences, gaps,
+                {**clip.info, "noise": {"kind": "sounds in the long gaps"}})
 
 
 def band_pass(x: np.ndarray, rate: int, low: float, high: float, order: int = 4) -> np.ndarray:
@@ -652,6 +707,9 @@ def clips(seed: int = 0, quick: bool = False) -> list[Clip]:
     noisy = gap_clip("gaps-noise", seed, quick, 9, [6.0, 5.0] if quick else
                      [6.0, 9.0, 10.0, 15.0, 25.0, 40.0, 55.0])
     out.append(with_noise(noisy, "gaps-noise", "pink", -60.0, seed))
+    sounds = gap_clip("gaps-sounds", seed, quick, 12, [5.0, 7.0] if quick else
+                      [5.0, 7.0, 10.0, 14.0, 20.0, 30.0, 45.0])
+    out.append(with_sounds(sounds, "gaps-sounds", seed))
     out.append(long_session(seed, quick, real))
     return out + end_clips(seed, quick) + previous_set(quick, real) + [real_ivr(seed, quick)]
 

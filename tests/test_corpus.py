@@ -27,7 +27,8 @@ from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
               "white-snr10", "babble-snr12", "reverb", "cheap-mic", "telephone-8k", "stereo-44k",
-              "gaps-silence", "gaps-noise", "long-session", "end-abrupt", "previous-set", "real-ivr"}
+              "gaps-silence", "gaps-noise", "gaps-sounds", "long-session", "end-abrupt", "previous-set",
+              "real-ivr"}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +152,17 @@ def test_long_gaps_abrupt_ends_and_the_long_session(built):
         long = [g["end"] - g["start"] for g in clip[name][0]["gaps"] if g["end"] - g["start"] >= 5]
         assert len(long) >= 2 and max(long) <= 60
         assert {g["kind"] for g in clip[name][0]["gaps"]} == {kind}
+    manifest, audio, rate = next((m, a, r) for m, a, r in clips(built) if m["name"] == "gaps-sounds")
+    sounded = [g for g in manifest["gaps"] if g["kind"] == "sound"]
+    assert len(sounded) >= 2 and len({g["sound"] for g in sounded}) == len(sounded)
+    for g in manifest["gaps"]:  # a sound at its level, stopping short of the speech; else silence
+        a, b = round(g["start"] * rate), round(g["end"] * rate)
+        edge = round(corpus.SOUND_EDGE_S * rate)
+        if g["kind"] == "sound":
+            level = 10 * np.log10(np.mean(audio[a + edge : b - edge, 0].astype(np.float64) ** 2))
+            assert abs(level - g["noise_dbfs"]) < 0.5 and not audio[a : a + edge].any(), g
+        else:
+            assert g["end"] - g["start"] < 5 and not audio[a:b].any()
     ends = [m for m, _, _ in clips(built) if m["condition"] == "end-abrupt"]
     assert ends and all(m["duration"] - m["sentences"][-1]["end"] <= 0.05 for m in ends)
     long = clip["long-session"][0]
