@@ -805,23 +805,33 @@ def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk, most, sound):
     assert errors / n <= most, "".join(w.text for w in words)
 
 
-def test_a_voice_the_vad_hears_only_here_and_there_keeps_every_word(monkeypatch):
-    """Silero barely hears some voices (a falsetto: its probability at most 0.55, over 0.5 in
-    3 chunks of 3.5 s of speech), so most of their words have no VAD speech near them; a
-    segment with any is kept whole, as offline. The VAD here hears one chunk in 25 (0.8 s)."""
+def edit_vad(monkeypatch, edit) -> list[int]:
+    """Patch the engine's VAD: `edit(probs, index)` changes the speech probabilities of each
+    call in place, `index` each chunk's in the session (one session) -> [chunks heard]."""
     from engine import engine as engine_module
 
     real_detect, seen = engine_module.detect, [0]
 
-    def blips(detectors, samples):
+    def edited(detectors, samples):
         probs = real_detect(detectors, samples)
         for p in probs:
-            index = seen[0] + np.arange(p.size)
+            edit(p, seen[0] + np.arange(p.size))
             seen[0] += p.size
-            p[index % 25 != 0] = np.minimum(p[index % 25 != 0], 0.3)
         return probs
 
-    monkeypatch.setattr(engine_module, "detect", blips)
+    monkeypatch.setattr(engine_module, "detect", edited)
+    return seen
+
+
+def test_a_voice_the_vad_hears_only_here_and_there_keeps_every_word(monkeypatch):
+    """Silero barely hears some voices (a falsetto: its probability at most 0.55, over 0.5 in
+    3 chunks of 3.5 s of speech), so most of their words have no VAD speech near them; a
+    segment with any is kept whole, as offline. The VAD here hears one chunk in 25 (0.8 s)."""
+
+    def blips(probs: np.ndarray, index: np.ndarray) -> None:
+        probs[index % 25 != 0] = np.minimum(probs[index % 25 != 0], 0.3)
+
+    edit_vad(monkeypatch, blips)
     samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS[:2]], gap_seconds=1.0)
     words = stream(Engine(bundle()), ["s"], [samples.numpy()])["s"]
     errors, n = word_errors(reference, "".join(w.text for w in words))
@@ -951,8 +961,6 @@ def test_a_note_the_vad_takes_for_speech_in_a_long_pause_leaves_the_pause_skippe
     pause before the next sentence, as it does with no such note: kept, 20 s of music before
     a sentence had its first words stamped at the window's start, in the music (the decoder's
     first timestamp is at most 1 s into a window)."""
-    from engine import engine as engine_module
-
     (first, second), text = [audio(librivox_path(c)).numpy() for c in ("0870", "0880")], transcripts()
     music = melody(20, -15, seed=2)
     pause = np.zeros(8000, np.float32)
@@ -960,17 +968,11 @@ def test_a_note_the_vad_takes_for_speech_in_a_long_pause_leaves_the_pause_skippe
     gap_start, gap_end = (len(first) + 8000) // 16, (len(first) + 8000 + len(music)) // 16 + 500
     onset = gap_end + speech_onset_ms(second)
     knock = range((gap_start + 1000) * 16 // 512, (gap_start + 1200) * 16 // 512)  # VAD chunks
-    real_detect, seen = engine_module.detect, [0]
 
-    def knocked(detectors, chunks):
-        probs = real_detect(detectors, chunks)
-        for p in probs:
-            index = seen[0] + np.arange(p.size)
-            seen[0] += p.size
-            p[np.isin(index, knock)] = 0.9
-        return probs
+    def knocked(probs: np.ndarray, index: np.ndarray) -> None:
+        probs[np.isin(index, knock)] = 0.9
 
-    monkeypatch.setattr(engine_module, "detect", knocked)
+    seen = edit_vad(monkeypatch, knocked)
     windows, apply = [], Stream.apply  # (start, end) ms of each decode of the window
 
     def noted(self, result):
