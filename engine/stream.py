@@ -436,8 +436,8 @@ class Stream:
             and commit.doubted(sureness, len(new))
         hold = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
-        if final and self.held is not None:
-            new = self._release(facts, new, live_final)
+        if final and self.held is not None:  # (only a live final holds)
+            new = self._release(facts, new)
         redo = passed_over and may_retry
         if reread:
             new = self._surer(facts, new, sureness)
@@ -599,16 +599,14 @@ class Stream:
         while endpoints and endpoints[0] <= position:
             endpoints.popleft()
 
-    def _release(self, facts: commit.WindowFacts, new: list[Word], live: bool) -> list[Word]:
-        """The final after a hold, its new words `new` -> the words it commits: those, and
-        the held words not committed yet that lie in speech a live one passed over (all of
-        them where it read nothing). A decode that skips from the window's start is not read
+    def _release(self, facts: commit.WindowFacts, new: list[Word]) -> list[Word]:
+        """The (live) final after a hold, its new words `new` -> the words it commits: those,
+        and the held words not committed yet that lie in speech it passed over (all of them
+        where it read nothing). A decode that skips from the window's start is not read
         better from there again (`_before_skip`); the held reading is one that read it."""
         assert self.held is not None
         held = [w for w in self.held[1] if w.end_ms > self.policy.committed_end_ms]
         self.held = None
-        if not live:
-            return new
         if not new:
             return held
         hole = self._skipped(facts, positions_to_ms(facts.end), new)

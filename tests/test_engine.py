@@ -32,7 +32,7 @@ from engine.speech_map import LEAD_IN_MS
 from engine.stem_store import INITIAL_SLOTS, StemStore
 from engine.stream import Stream, hash_key
 from engine.timeline import positions_to_ms
-from scripts.corpus import align
+from scripts.corpus import align, sound
 from scripts.wer import normalize, word_errors
 from tests.helpers import (
     ARCTIC_IDS,
@@ -53,8 +53,9 @@ from tests.helpers import (
 
 
 def stream(engine: Engine, request_ids: list[str], samples: list[np.ndarray],
-           chunk: int = 3200) -> dict[str, list]:
-    """Feed sessions chunk by chunk (200 ms), step after each, finish, drain -> words."""
+           chunk: int = 3200, flush_at: int | None = None) -> dict[str, list]:
+    """Feed sessions chunk by chunk (200 ms), step after each, finish, drain -> words.
+    `flush_at`: each session is flushed (a client's Finalize) once that sample is in."""
     words: dict[str, list] = {rid: [] for rid in request_ids}
     for rid in request_ids:
         engine.add_request(rid)
@@ -63,6 +64,8 @@ def stream(engine: Engine, request_ids: list[str], samples: list[np.ndarray],
         for rid, s in zip(request_ids, samples, strict=True):
             if i < len(s):
                 engine.add_audio(rid, s[i : i + chunk])
+            if flush_at is not None and i < flush_at <= i + chunk:
+                engine.flush(rid)
         for out in engine.step():
             words[out.request_id] += out.committed
     for rid in request_ids:
@@ -946,15 +949,6 @@ def test_audio_pushed_far_ahead_loses_no_passage(background):
     assert longest_missing_run(reference, hypothesis) <= 3 and errors / n <= 0.15, hypothesis
 
 
-def melody(seconds: float, dbfs: float, seed: int) -> np.ndarray:
-    """(n,) float32: notes of 0.3 s (a tone and two harmonics, decaying) at random semitones."""
-    rng, t = np.random.default_rng(seed), np.arange(int(0.3 * 16000)) / 16000
-    notes = [sum(np.sin(2 * np.pi * f * k * t) / k for k in (1, 2, 3)) * np.exp(-3 * t)
-             for f in 220 * 2 ** (rng.integers(0, 24, int(seconds / 0.3)) / 12)]
-    x = np.concatenate(notes)
-    return (x / np.sqrt(np.mean(x**2)) * 10 ** (dbfs / 20)).astype(np.float32)
-
-
 def test_a_note_the_vad_takes_for_speech_in_a_long_pause_leaves_the_pause_skipped(monkeypatch):
     """Music between two sentences, louder than the speech; the VAD takes a note of it for
     speech (0.2 s, 1 s in), and a final reads that as nothing. The window still skips the
@@ -962,7 +956,8 @@ def test_a_note_the_vad_takes_for_speech_in_a_long_pause_leaves_the_pause_skippe
     a sentence had its first words stamped at the window's start, in the music (the decoder's
     first timestamp is at most 1 s into a window)."""
     (first, second), text = [audio(librivox_path(c)).numpy() for c in ("0870", "0880")], transcripts()
-    music = melody(20, -15, seed=2)
+    music = 10 ** (-15 / 20) * sound("music", 20 * 16000, 16000, np.random.default_rng(2))  # -15 dBFS
+    music = music.astype(np.float32)
     pause = np.zeros(8000, np.float32)
     samples = np.concatenate([first, pause, music, pause, second])
     gap_start, gap_end = (len(first) + 8000) // 16, (len(first) + 8000 + len(music)) // 16 + 500
@@ -983,16 +978,8 @@ def test_a_note_the_vad_takes_for_speech_in_a_long_pause_leaves_the_pause_skippe
         return apply(self, result)
 
     monkeypatch.setattr(Stream, "apply", noted)
-    engine, words = Engine(bundle()), []
-    engine.add_request("s")
-    for i in range(0, len(samples), 3200):
-        engine.add_audio("s", samples[i : i + 3200])
-        if i < len(first) <= i + 3200:
-            engine.flush("s")  # a client's Finalize: the window is cut after the first sentence
-        words += [w for out in engine.step() for w in out.committed]
-    engine.finish("s")
-    while engine.has_request("s"):
-        words += [w for out in engine.step() for w in out.committed]
+    # a Finalize after the first sentence cuts the window there
+    words = stream(Engine(bundle()), ["s"], [samples], flush_at=len(first))["s"]
     assert seen[0] > knock.stop
     # a decode of the next sentence reads it from a second before its onset (100: an item)
     late = [(start, end) for start, end in windows if end > onset + 500 and start < onset - LEAD_IN_MS - 100]
