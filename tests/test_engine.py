@@ -33,6 +33,7 @@ from engine.stem_store import INITIAL_SLOTS, StemStore
 from engine.stream import Stream, hash_key
 from engine.timeline import positions_to_ms
 from scripts.corpus import align, sound
+from scripts.evaluate import replay_clip
 from scripts.wer import normalize, word_errors
 from tests.helpers import (
     ARCTIC_IDS,
@@ -806,6 +807,24 @@ def test_quiet_speech_is_transcribed_like_loud_speech(db, chunk, most, sound):
     words = stream(Engine(bundle()), ["s"], [quiet], chunk)["s"]
     errors, n = word_errors(reference, "".join(w.text for w in words))
     assert errors / n <= most, "".join(w.text for w in words)
+
+
+def test_a_sessions_words_do_not_depend_on_how_its_audio_is_cut_into_messages():
+    """A browser sends 20 ms messages, a replay script seconds at a time, a client any odd
+    size: when compute keeps up, a session's words and their times are the same. Finals
+    commit at pauses found in the audio, not at messages; the partials, which come as
+    messages do, commit nothing in utterances under `agree_after_ms` (at 1 s they would, and
+    the words differ with every message size here)."""
+    samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS[:3]], gap_seconds=0.3)
+    samples = samples.numpy()
+
+    def words(chunk: int) -> list[tuple[float, float, str]]:
+        return replay_clip(Engine(bundle()), samples, chunk)
+
+    expected = words(1600)
+    assert len(expected) >= 30
+    for chunk in (320, 4999, 32000):
+        assert words(chunk) == expected, chunk
 
 
 def edit_vad(monkeypatch, edit) -> list[int]:
