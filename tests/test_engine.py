@@ -815,14 +815,14 @@ def test_a_sessions_words_do_not_depend_on_how_its_audio_is_cut_into_messages():
     commit at pauses found in the audio, not at messages; the partials, which come as
     messages do, commit nothing in utterances under `agree_after_ms` (at 1 s they would, and
     the words differ with every message size here)."""
-    samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS[:3]], gap_seconds=0.3)
+    samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS[:2]], gap_seconds=0.3)
     samples = samples.numpy()
 
     def words(chunk: int) -> list[tuple[float, float, str]]:
         return replay_clip(Engine(bundle()), samples, chunk)
 
     expected = words(1600)
-    assert len(expected) >= 30
+    assert len(expected) >= 20
     for chunk in (320, 4999, 32000):
         assert words(chunk) == expected, chunk
 
