@@ -193,10 +193,11 @@ def tokenizer_words(tokenizer, tokens: list[int], n: int) -> list[int]:
     return text
 
 
-def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_loop_is_kept(monkeypatch):
+def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is_kept(monkeypatch):
     """Hard audio fails the log-probability check at every temperature: the decode kept is
-    the likeliest whole one (not the hottest, sounds spelled as made-up words), marked with
-    the last temperature so that its text is no prompt; a loop is kept only if all loop."""
+    the likeliest that is no runaway (not the hottest, sounds spelled as made-up words; one
+    stopped at a repeat competes, its copies dropped), marked with the last temperature so
+    that its text is no prompt; a budget overrun is kept only if all overran."""
     import dataclasses
 
     from engine.model import transcribe as transcribe_module
@@ -210,8 +211,10 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_loop_is_ke
     def unsure(model_, tokenizer_, features_, options, suppress, cross=None):
         result = decode(model_, tokenizer_, features_, options, suppress, cross)
         result = dataclasses.replace(result, avg_logprob=result.avg_logprob - 3.0)
-        if options.temperature == 0.4:  # the likeliest of all, but a loop
-            result = dataclasses.replace(result, avg_logprob=-1.01, stop="repetition")
+        if options.temperature == 0.4:  # the likeliest of all, but ran past its budget
+            result = dataclasses.replace(result, avg_logprob=-1.01, stop="budget")
+        if options.temperature == 0.6:  # stopped at a repeat: the likeliest of the rest
+            result = dataclasses.replace(result, avg_logprob=-1.5, stop="repetition")
         tried.append(result)
         return result
 
@@ -219,12 +222,12 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_loop_is_ke
     result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
     assert [r.temperature for r in tried] == list(transcribe_module.TEMPERATURES)
     assert all(r.needs_fallback for r in tried)
-    whole = [r for r in tried if r.stop == "eot"]
-    best = max(whole, key=lambda r: r.avg_logprob)
-    assert result.tokens == best.tokens and result.avg_logprob == best.avg_logprob
+    assert result.stop == "repetition" and result.avg_logprob == -1.5
+    assert max(r.avg_logprob for r in tried if r.stop == "eot") < -1.5
     assert result.temperature == transcribe_module.TEMPERATURES[-1]
     assert len({tuple(r.tokens) for r in tried}) > 1  # the choice was among different texts
 
+    whole = [r for r in tried if r.stop == "eot"]
     tried.clear()
     earlier = dataclasses.replace(whole[0], avg_logprob=-1.02)  # the batch's greedy decode
     result = transcribe_module.decode_with_fallback(b, features, [], 3.0, transcribe_module.TEMPERATURES[1:],

@@ -18,6 +18,7 @@ from audio.vad import SpeechDetector
 from engine.config import EngineConfig
 from engine.model import ModelBundle
 from engine.model.decoding import (
+    COMPRESSION_RATIO_THRESHOLD,
     DecodingOptions,
     DecodingResult,
     copies_prompt,
@@ -66,12 +67,14 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
     """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter. A
     decode that copies the prompt's last sentence is done again without the prompt.
 
-    When every temperature fails, the likeliest decode that is no loop is kept (as
-    faster-whisper; Whisper keeps the hottest, which on hard audio is sounds spelled as
-    made-up words, and their times swallow the speech after them), marked with the last
-    temperature tried so its text is no prompt. `cross`: `cross_kv` of `features` if already
-    computed (else computed once here); `earlier`: a decode of this window already made;
-    `speech_heard`: the VAD heard speech in the window (DecodingOptions)."""
+    When every temperature fails, the likeliest decode that is no runaway (past its budget,
+    or a text that compresses too well) is kept, as faster-whisper: one stopped at a repeat
+    competes, its copies already dropped. Whisper keeps the hottest, which on hard audio is
+    sounds spelled as made-up words, and their times swallow the speech after them. The one
+    kept is marked with the last temperature tried so its text is no prompt. `cross`:
+    `cross_kv` of `features` if already computed (else computed once here); `earlier`: a
+    decode of this window already made; `speech_heard`: the VAD heard speech in the window
+    (DecodingOptions)."""
     if cross is None:
         cross = bundle.model.decoder.cross_kv(features)
     tried = [earlier] if earlier is not None else []
@@ -89,7 +92,8 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
             return result
         tried.append(result)
     assert result is not None
-    whole = [r for r in tried if not r.looped]
+    whole = [r for r in tried
+             if r.stop != "budget" and r.compression_ratio <= COMPRESSION_RATIO_THRESHOLD]
     best = max(whole or tried, key=lambda r: r.avg_logprob)
     return dataclasses.replace(best, temperature=result.temperature)
 
