@@ -127,6 +127,8 @@ async def replay_session(url: str, name: str, samples: np.ndarray, chunk_ms: int
                     report.max_lag_s = max(report.max_lag_s, (sent_now - result_end_ms(m)) / 1000)
 
         reader = asyncio.create_task(read())
+        # a refused session's close ends the reader too, when the send below raises it first
+        reader.add_done_callback(lambda task: task.cancelled() or task.exception())
         for i in range(0, len(pcm), step):
             if not fast:
                 await asyncio.sleep(max(0.0, start + i / 2 / SAMPLE_RATE - time.monotonic()))

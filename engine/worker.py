@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 
 from engine.cpu_share import CpuShare
 from engine.model import ModelBundle
+from engine.model.loader import use_planless_attention
 from engine.model_runner import ModelInput, ModelRunner, RunnerOutput
 from engine.processor_cache import ProcessorCache
 
@@ -90,6 +91,7 @@ def _serve(conn: Connection, stop_event: Any, bundle: ModelBundle, pad_seconds: 
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     keep_freed_memory()
     torch.set_num_threads(num_threads)
+    use_planless_attention(bundle.model.device)
     share = CpuShare(num_threads, [os.getpid(), os.getppid()])
     runner = ModelRunner(bundle, ProcessorCache(processor_cache_bytes), pad_seconds, preview_pad_seconds)
     conn.send("ready")

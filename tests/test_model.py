@@ -237,6 +237,12 @@ def test_batched_decoding_equals_decoding_each_window_alone():
     assert b.tokenizer.decode(prompt).strip().startswith("Had he")  # a real, long prompt
 
 
+def logprob_tolerance(model) -> float:
+    """How far a drafted decode's average log-probability may be from greedy's: in float16
+    the draft's tokens, scored in one pass, round otherwise than one at a time."""
+    return 1e-3 if model.dtype == torch.float32 else 5e-3
+
+
 def drafted_decode(monkeypatch, features, options, drafts) -> tuple[list, list[int]]:
     """decode_batch with each row's draft -> its results and the decoder calls it made."""
     b = bundle()
@@ -259,7 +265,7 @@ def test_draft_tokens_give_the_greedy_result_in_fewer_decoder_steps(monkeypatch)
     drafted, calls = drafted_decode(monkeypatch, features, options, drafts)
     for result, expected in zip(drafted, plain, strict=True):
         assert result.tokens == expected.tokens and result.stop == expected.stop
-        assert abs(result.avg_logprob - expected.avg_logprob) < 1e-3
+        assert abs(result.avg_logprob - expected.avg_logprob) < logprob_tolerance(b.model)
         assert abs(result.no_speech_prob - expected.no_speech_prob) < 1e-4
     longest = max(len(r.tokens) for r in plain)
     assert longest > 20
@@ -284,7 +290,7 @@ def test_a_draft_whose_timestamps_are_off_is_realigned_and_still_saves_the_steps
     drafted, calls = drafted_decode(monkeypatch, features, options, drafts)
     for result, expected in zip(drafted, plain, strict=True):
         assert result.tokens == expected.tokens and result.stop == expected.stop
-        assert abs(result.avg_logprob - expected.avg_logprob) < 1e-3
+        assert abs(result.avg_logprob - expected.avg_logprob) < logprob_tolerance(b.model)
     # the draft call, the call from the moved timestamp on, the one that finds eot
     assert len(calls) <= 3 < max(len(r.tokens) for r in plain)
 

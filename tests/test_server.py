@@ -206,9 +206,10 @@ async def test_realtime_g711_browser_key_and_the_running_model(tmp_path):
 
 
 async def test_realtime_server_vad_commits_each_turn(tmp_path):
-    """Each turn is committed and transcribed as offline Whisper transcribes it (0880 alone is
-    "He was not an old-sposed young man." there too)."""
-    (first, _), (second, _) = clip("0930"), clip("0880")
+    """Each turn is committed and transcribed as offline Whisper transcribes it or as it was
+    said (0880 alone is "He was not an old-sposed young man." offline; in float16 a window
+    padded otherwise reads "ill-disposed")."""
+    (first, said_1), (second, said_2) = clip("0930"), clip("0880")
     ref_1, ref_2 = (transcribe(bundle(), x).text for x in (first, second))
     gap = torch.zeros(16000)
     stream = torch.cat([gap, first, gap, second, gap])
@@ -233,8 +234,8 @@ async def test_realtime_server_vad_commits_each_turn(tmp_path):
     start_2 = 1000 + first.numel() // 16 + 1000
     assert 1000 <= started[0] < 1600 and start_2 <= started[1] < start_2 + 600, started
     assert start_2 - 1000 - 600 < stopped[0] < start_2 - 500 < start_2 + 1000 - 600 < stopped[1], stopped
-    assert error_rate(ref_1, done[0]["transcript"]) <= 0.15, done[0]["transcript"]
-    assert error_rate(ref_2, done[1]["transcript"]) <= 0.15, done[1]["transcript"]
+    for turn, refs in zip(done, ((ref_1, said_1), (ref_2, said_2)), strict=True):
+        assert min(error_rate(ref, turn["transcript"]) for ref in refs) <= 0.15, turn["transcript"]
 
 
 async def test_bad_input_gets_error_events_and_sessions_keep_working(tmp_path):
@@ -433,6 +434,7 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
         assert hits and float(hits.group(1)) >= len(set(hashes)) > 50, metrics
 
         worker = engine.runner.process
+        await wait_until(lambda: not server.overloaded(), 60)  # a cold model's first steps lag
         received, ws = await _listen_killing_the_worker(server, samples)
         assert engine.runner.process is not worker and engine.num_restarts == 1
         assert finals_text(received) == GOLDEN["0890"] and received[-1]["type"] == "Metadata"
@@ -440,6 +442,8 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
         assert re.search(r"^voxtide_worker_restarts_total 1.0$", metrics, re.M), metrics
 
         monkeypatch.setattr("engine.engine.MAX_DEATHS_IN_A_ROW", 1)  # as if it died in a row
+        # the finals that waited for the new worker lagged: new sessions wait for room (engine/load.py)
+        await wait_until(lambda: not server.overloaded(), 60)
         received, ws = await _listen_killing_the_worker(server, samples)
         assert received[-1]["type"] == "Error" and received[-1]["code"] == "engine_error"
         assert "WorkerError" in received[-1]["description"] and ws.close_code == 1011
@@ -455,7 +459,7 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
             await receive_all(ws)
         assert ws.close_code == 1013 and "restarting" in ws.close_reason
         monkeypatch.setattr(engine.runner, "_start", start)
-        await wait_until(lambda: engine.healthy, 60)  # tried again after its pause
+        await wait_until(lambda: engine.healthy and not server.overloaded(), 60)  # tried again after a pause
         messages, _ = await listen(server, samples)
         assert finals_text(messages) == GOLDEN["0890"]
 

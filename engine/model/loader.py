@@ -339,6 +339,15 @@ def precision(model: Whisper) -> str:
     return f"encoder {encoder} ({isa}), decoder {name(model.dtype)}"
 
 
+def use_planless_attention(device: torch.device) -> None:
+    """On CUDA, attention without cuDNN's kernel, in each process that runs the model (a
+    backend setting is the process's own). cuDNN's attention builds an execution plan for
+    every new shape (milliseconds each, on the host), and a decoding batch's shapes change
+    with every call (keys grow, rows finish, drafts vary): the other kernels need no plan."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def load_model(
     path: str | Path | None = None,
     device: str | torch.device | None = None,
@@ -379,11 +388,7 @@ def load_model(
                                   f"expected {tuple(expected[name].shape)}")
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     model = model.to(device=device, dtype=dtype).eval()
-    if device.type == "cuda":
-        # cuDNN's attention builds an execution plan for every new shape (milliseconds
-        # each, on the host), and a decoding batch's shapes change with every call (keys
-        # grow, rows finish, drafts vary): the other attention kernels need no plan
-        torch.backends.cuda.enable_cudnn_sdp(False)
+    use_planless_attention(device)
     if device.type == "cpu" and dtype == torch.float32:
         native_bf16 = cpu_has_bf16()
         use_bf16 = native_bf16 if bf16 is None else bf16

@@ -40,8 +40,7 @@ CAP="--device cuda --max-batch 64 --max-partials 64 --threads 4 --stagger ${STAG
 echo "== capacity ($(left) s left)"
 timeout $(($(left) - 60)) python3 scripts/capacity.py $CAP --sessions ${SESSIONS:-50 100 200 400} \
   --json $OUT/capacity.json 2>&1 | grep -v -i warn | tee $OUT/capacity.log | grep -E "^ +[0-9]+ "
-echo "== parity ($(left) s left)"
-timeout 60 python3 scripts/parity.py --device cuda --dtype float16 --json $OUT/parity.json 2>&1 | tail -13
+[[ "${STEPS:-parity}" == *parity* ]] && echo "== parity ($(left) s left)" && timeout 60 python3 scripts/parity.py --device cuda --dtype float16 --json $OUT/parity.json 2>&1 | tail -13
 if [ -d .gpu/b/base ] && [ "$(left)" -gt 90 ]; then
   echo "== baseline capacity, 100 sessions ($(left) s left)"
   (cd .gpu/b/base && PYTHONPATH=/tmp/site:$PWD timeout 80 python3 scripts/capacity.py $CAP --sessions 100 2>&1 \
