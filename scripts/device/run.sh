@@ -3,7 +3,8 @@
 #   run.sh a: install part a (kept while the machine stays warm)
 #   run.sh b: install part b; a smoke test; capacity at 50/100/200/400 sessions; fp16 parity;
 #             the baseline tree's capacity at 100 if prepare.sh was given one; a py-spy
-#             profile of 100 sessions.
+#             profile of 100 sessions. STEPS=profile leaves out parity; SESSIONS="50 100"
+#             other session counts.
 #   run.sh c: install part c; the test suite on CUDA (but the browser's), 8 files at a time.
 # Each step runs only while BUDGET seconds last; logs and JSON go to $OUT.
 set -u
