@@ -75,10 +75,15 @@ class DecodingResult:
     speech_heard: bool = False  # (DecodingOptions.speech_heard)
 
     @property
+    def ran_away(self) -> bool:
+        """It ran past its budget, or its text compresses too well (a sentence said over and
+        over): the signs of a loop that remain once a repeat's copies are dropped."""
+        return self.stop == "budget" or self.compression_ratio > COMPRESSION_RATIO_THRESHOLD
+
+    @property
     def looped(self) -> bool:
-        """Whisper's signs of a decode caught in a loop: it repeated itself or ran past its
-        budget, or its text compresses too well (a sentence said over and over)."""
-        return self.stop != "eot" or self.compression_ratio > COMPRESSION_RATIO_THRESHOLD
+        """Whisper's signs of a decode caught in a loop: it ran away, or it repeated itself."""
+        return self.ran_away or self.stop == "repetition"
 
     @property
     def needs_fallback(self) -> bool:

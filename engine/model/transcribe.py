@@ -18,7 +18,6 @@ from audio.vad import SpeechDetector
 from engine.config import EngineConfig
 from engine.model import ModelBundle
 from engine.model.decoding import (
-    COMPRESSION_RATIO_THRESHOLD,
     DecodingOptions,
     DecodingResult,
     copies_prompt,
@@ -92,8 +91,7 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
             return result
         tried.append(result)
     assert result is not None
-    whole = [r for r in tried
-             if r.stop != "budget" and r.compression_ratio <= COMPRESSION_RATIO_THRESHOLD]
+    whole = [r for r in tried if not r.ran_away]
     best = max(whole or tried, key=lambda r: r.avg_logprob)
     return dataclasses.replace(best, temperature=result.temperature)
 
