@@ -102,7 +102,7 @@ class WindowFacts:
     flushed: bool  # (final) it reaches a flush or the end of the input
     silence: bool  # the decode found no speech
     complete: int | None  # the decode's words are whole segments up to this position
-    pending_ms: int  # audio between the committed words' end and the window's end
+    pending_ms: int  # audio from the committed words' end (or a held final's pause) to the window's end
     looped: bool = False  # the decode was caught in a loop (DecodingResult.looped)
 
 

@@ -370,8 +370,7 @@ class Stream:
 
     def may_commit(self, window: ScheduledWindow) -> bool:
         """Whether the decode of a window the scheduler gave can commit words."""
-        pending_ms = positions_to_ms(window.window_end) - self.policy.committed_end_ms
-        return commit.may_commit(window.preview, window.commits_whole, pending_ms,
+        return commit.may_commit(window.preview, window.commits_whole, self._pending_ms(window.window_end),
                                  self.config.agree_after)
 
     def keep_prefix(self, tokens: list[int], preview: bool) -> None:
@@ -487,8 +486,19 @@ class Stream:
                                     or 0 < request.flush_position <= end)
         complete = ms_to_positions(result.complete_ms) if result.complete_ms is not None else None
         return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
-                                  complete, positions_to_ms(end) - self.policy.committed_end_ms,
+                                  complete, self._pending_ms(end),
                                   result.looped)
+
+    def _pending_ms(self, end: int) -> int:
+        """Audio that waits uncommitted up to `end` (positions), for agreement's bound
+        (`agree_after_ms`): past the committed words, or past a held final's pause. Held words
+        wait for the next final, which reads them with the next utterance whole; partials
+        with only its first seconds read them as the held final did and would agree on that
+        reading (docs/architecture.md, Commit policy)."""
+        since = self.policy.committed_end_ms
+        if self.held is not None:
+            since = max(since, positions_to_ms(self.held[0]))
+        return positions_to_ms(end) - since
 
     def _unskipped(self, facts: commit.WindowFacts,
                    words: list[Word]) -> tuple[commit.WindowFacts, list[Word], bool]:

@@ -411,22 +411,31 @@ def test_a_first_final_read_unsure_waits_to_be_read_with_the_next_utterance(logp
     assert stream.held is None and not Scheduler.final_due(request)
 
 
-def test_the_final_after_a_hold_commits_what_agreement_left_with_no_second_reading():
-    """Partials over a held window of 8 s or more commit by agreement, as any; the final
-    after them commits the rest, unsure or not: a second reading starts at the last final's
-    end, which a hold leaves behind the words those partials committed."""
-    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+def test_held_words_wait_for_agreement_past_the_held_pause():
+    """Partials over a held window read the held words as the held final did while the next
+    utterance has only begun; agreement on them would commit that reading before the next
+    final reads it whole. Agreement waits `agree_after_ms` past the held final's pause (as
+    for any utterance); partials past that commit as any, and the final after them commits
+    the rest, unsure or not, with no second reading (it would start at the last final's end,
+    which a hold leaves behind the words those partials committed)."""
+    stream = speech_stream([(0, 4_000), (5_000, 13_000)], seconds=14)
     request = stream.request
-    request.num_decoded_positions = request.endpoints[0]
+    pause = request.num_decoded_positions = request.endpoints[0]
     first = read("learning a new language", 400, 900, 2 * DOUBT_LOGPROB)
     assert stream.apply(WindowResult("s", first, final=True)).committed == []
-    both = read("learning a new language as an adult takes patience", 400, 900, 2 * DOUBT_LOGPROB)
-    request.num_decoded_positions = ms_to_positions(9_000)
+    texts = ("learning a new language as an ant", "learning a new language as an adult")
+    request.num_decoded_positions = ms_to_positions(9_000)  # 9 s of audio past no commit
+    for text in texts:  # two partials agree on six words: shown, not committed
+        out = stream.apply(WindowResult("s", read(text, 400, 900, 2 * DOUBT_LOGPROB), final=False))
+        assert out.committed == [] and out.tentative
+    request.num_decoded_positions = pause + ms_to_positions(EngineConfig.agree_after_ms + 200)
     committed = []
-    for text in ("learning a new language as an ant", "learning a new language as an adult"):
-        partial = read(text, 400, 900, 2 * DOUBT_LOGPROB)  # two partials agree on six words
+    for text in texts:
+        partial = read(text, 400, 900, 2 * DOUBT_LOGPROB)
         committed += stream.apply(WindowResult("s", partial, final=False)).committed
     assert len(committed) == 6
+    both = read("learning a new language as an adult takes patience and a sense of humour",
+                400, 900, 2 * DOUBT_LOGPROB)
     request.num_decoded_positions = request.endpoints[0]
     out = stream.apply(WindowResult("s", both, final=True))
     assert [w.text for w in committed + out.committed] == [w.text for w in both]
