@@ -63,6 +63,7 @@ DOUBT_MIN_WORDS = 3  # ... when they are this many words or more
 HOLD_SILENCE_MS = 1000
 HOLD_MAX_POSITIONS = 10 * POSITIONS_PER_SECOND
 SHORT_READING = 0.75  # a reading with fewer words than this share of the other's skipped speech
+REPEAT_MIN_WORDS = 4  # a span this long said twice back to back is a copy (`copied_words`)
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
 # a long window is cut at the start of the committed words' unfinished sentence if it began
 # within this much before their end (else at their end)
@@ -161,13 +162,35 @@ def held(facts: WindowFacts, committed_end: int, new_logprob: float | None, num_
             and not may_retry(facts, committed_end) and doubted(new_logprob, num_words))
 
 
-def surer(first: tuple[float | None, int], second: tuple[float | None, int]) -> bool:
+def copied_words(keys: list[str], num_new: int) -> int:
+    """How many of a decode's last `num_new` words (of its word keys) copy the words right
+    before them: spans of REPEAT_MIN_WORDS or more said twice back to back, the first copy
+    possibly before the new words (the window's committed words, read as context). Whisper,
+    reading on from context it cannot make the next speech out after, says it again."""
+    copied, i = 0, len(keys) - num_new
+    while i < len(keys):
+        longest = min(i, len(keys) - i)
+        span = next((n for n in range(longest, REPEAT_MIN_WORDS - 1, -1)
+                     if keys[i - n : i] == keys[i : i + n]), 0)
+        copied += span
+        i += max(span, 1)
+    return copied
+
+
+def surer(first: tuple[float | None, int, int], second: tuple[float | None, int, int]) -> bool:
     """Whether the first of two readings of the same speech, each (its mean token
-    log-probability, its number of words), is the one to keep: the surer, unless it has
-    under SHORT_READING of the other's words (a decode that passed over some of the speech
-    and read the rest surely: "no hand in cross and cold stream." for "We started the climb
-    before dawn, carrying our boots in our hands across the cold stream.")."""
-    (p1, n1), (p2, n2) = first, second
+    log-probability, its number of words, how many of them are a copy: `copied_words`), is
+    the one to keep. One that copies loses to one that does not (under babble, "The middle of
+    the dream that London was full of life again." said again for the next sentence; speech
+    that does repeat, read alone, is no copy in the reading without context). Else, counted
+    without their copies: the surer, unless it has under SHORT_READING of the other's words
+    (a decode that passed over some of the speech and read the rest surely: "no hand in cross
+    and cold stream." for "We started the climb before dawn, carrying our boots in our hands
+    across the cold stream.")."""
+    (p1, n1, c1), (p2, n2, c2) = first, second
+    if (c1 > 0) != (c2 > 0):
+        return c2 > 0
+    n1, n2 = n1 - c1, n2 - c2
     if p1 is None or n1 < SHORT_READING * n2:
         return False
     return p2 is None or n2 < SHORT_READING * n1 or p1 > p2

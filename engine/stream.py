@@ -154,10 +154,10 @@ class Stream:
         # next decode of a window with that start (the window's and the preview's, at most two)
         self.drafts: dict[int, tuple[int, list[int]]] = {}
         self.split = (-1, 0)  # (window start, end) of the last final ended early at skipped speech
-        # a live final's new words read unsure after context: (window end, the words, their
-        # mean token log-probability), until the final read again without it
-        # (`request.reread_start`, commit.doubted)
-        self.doubt: tuple[int, list[Word], float | None] | None = None
+        # a live final's new words read unsure after context, or copying it: (window end, the
+        # words, their mean token log-probability, how many are a copy), until the final read
+        # again without it (`request.reread_start`, commit.doubted, commit.copied_words)
+        self.doubt: tuple[int, list[Word], float | None, int] | None = None
         # (the end, the words) of a live final read unsure with no context before it, whose
         # words wait uncommitted for the next final of the window (commit.held)
         self.held: tuple[int, list[Word]] | None = None
@@ -423,25 +423,25 @@ class Stream:
             words = self._before_skip(facts, words)
         # a final that passed over the window's committed words commits nothing: it is
         # decoded again from their end (`commit.retries`); so is one whose new words it read
-        # unsure after them, and then the surer reading is committed (`commit.doubted`)
+        # unsure after them or that copy them, and the surer reading is committed (`commit.surer`)
         passed_over = final and not reread and not policy.rereads(words)
         live_final = final and not request.background
         new = policy.new_words(words, in_window=not reread) if live_final else []
-        sureness = mean_logprob(new)
+        sureness, copied = mean_logprob(new), commit.copied_words([w.key for w in words], len(new))
         may_retry = commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
         # the final after a hold read the held words with the speech after them: no second
         # reading (from the last final's end, behind the words partials committed meanwhile)
         doubt = not reread and not passed_over and may_retry and self.held is None \
-            and commit.doubted(sureness, len(new))
+            and (commit.doubted(sureness, len(new)) or copied > 0)
         hold = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
         if final and self.held is not None:  # (only a live final holds)
             new = self._release(facts, new)
         redo = passed_over and may_retry
         if reread:
-            new = self._surer(facts, new, sureness)
+            new = self._surer(facts, new, sureness, copied)
         if doubt:  # read again from the last final's end, the window kept for the finals after
-            self.doubt = (facts.end, new, sureness)
+            self.doubt = (facts.end, new, sureness, copied)
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         elif hold:  # read again with the next utterance, from the window's start
@@ -534,14 +534,17 @@ class Stream:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
 
-    def _surer(self, facts: commit.WindowFacts, second: list[Word], sureness: float | None) -> list[Word]:
+    def _surer(self, facts: commit.WindowFacts, second: list[Word], sureness: float | None,
+               copied: int) -> list[Word]:
         """A final read again without its context (`self.doubt`) to `second`, of mean
-        log-probability `sureness` -> the surer reading's words (both start past the committed
-        words), when both read the same audio; the doubt is done with either way."""
+        log-probability `sureness`, `copied` of its words a copy -> the surer reading's words
+        (both start past the committed words), when both read the same audio; the doubt is
+        done with either way."""
         assert self.doubt is not None
-        end, first, logprob = self.doubt
+        end, first, logprob, first_copied = self.doubt
         self.doubt = None
-        if end != facts.end or not commit.surer((logprob, len(first)), (sureness, len(second))):
+        if end != facts.end or not commit.surer((logprob, len(first), first_copied),
+                                                (sureness, len(second), copied)):
             return second
         return first
 

@@ -13,6 +13,7 @@ from engine.commit import (
     Action,
     WindowFacts,
     commits_whole,
+    copied_words,
     new_window_start,
     plan,
 )
@@ -369,6 +370,47 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     sure.request.num_decoded_positions = ms_to_positions(9_400)
     out = sure.apply(WindowResult("s", first + read("then shape the loaf", 5_000, 900, -0.1), final=True))
     assert [w.text.strip() for w in out.committed] == ["then", "shape", "the", "loaf"]
+
+
+@pytest.mark.parametrize("keys, num_new, copied", [
+    ("a b c d a b c d e".split(), 5, 4),  # the context said again
+    ("a b c d e f g e f g".split(), 6, 0),  # three words twice: speech does that
+    ("x a b c d e a b c d e y".split(), 6, 5),  # the longest span
+    ("a b c d a b c d".split(), 0, 0),  # no new words
+    ("a b c d x y a b c d".split(), 6, 0)])  # not back to back
+def test_copied_words(keys, num_new, copied):
+    assert copied_words(keys, num_new) == copied
+
+
+@pytest.mark.parametrize("second_text, second_logprob, kept", [
+    ("then shape the loaf", -0.5, "then shape the loaf"),  # less sure, but no copy
+    ("we walked up to the hill", -0.1, "we walked up to the hill"),  # the speech did repeat
+    # both copy: counted without it, the first has no word
+    ("then shape the loaf then shape the loaf", -0.1, "then shape the loaf then shape the loaf")])
+def test_a_final_that_says_its_context_again_is_read_again_without_it(second_text, second_logprob, kept):
+    """Whisper, reading on from context it cannot make the next speech out after, may say the
+    context again, and surely: under babble "The middle of the dream that London was full of
+    life again." twice, for two sentences. A live final whose new words copy the words right
+    before them is read again without the context, and the reading that copies nothing is
+    kept, sure or not; speech that does repeat reads the same alone and is kept so."""
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(4_400)
+    request.endpoints.append(ms_to_positions(4_400))
+    first = read("we walked up to the hill", 400, 600, -0.1)  # to 4.0 s
+    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
+
+    request.num_decoded_positions = ms_to_positions(9_400)
+    request.endpoints.append(ms_to_positions(9_400))
+    copy = read("we walked up to the hill", 5_000, 600, -0.1)
+    out = stream.apply(WindowResult("s", first + copy, final=True))
+    assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in copy]
+    assert Scheduler()._window(request, partial=False).window_start == ms_to_positions(4_400)
+
+    again = read(second_text, 5_000, 4_000 // len(second_text.split()), second_logprob)
+    out = stream.apply(WindowResult("s", again, final=True))
+    assert " ".join(w.text.strip() for w in out.committed) == kept
+    assert stream.doubt is None and not Scheduler.final_due(request)
 
 
 def hear_silence(stream: Stream, ms: int) -> None:
