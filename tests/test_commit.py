@@ -325,6 +325,17 @@ def read(text: str, start_ms: int, step_ms: int, logprob: float) -> list[Word]:
     return [Word(w.text, w.start_ms, w.end_ms, [0], logprob=logprob) for w in words(text, start_ms, step_ms)]
 
 
+def first_utterance_committed() -> tuple[Stream, list[Word]]:
+    """A stream of two utterances (0-4 s and 5-9 s) whose first final committed the first
+    one's words (returned), sure of them."""
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    stream.request.num_decoded_positions = ms_to_positions(4_400)
+    stream.request.endpoints.append(ms_to_positions(4_400))
+    first = read("we walked up to the hill", 400, 600, -0.1)  # to 4.0 s
+    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
+    return stream, first
+
+
 @pytest.mark.parametrize("second_text, second_logprob, keep_second", [
     ("then shape the loaf", -0.1, True),  # surer
     ("then shape the loaf", -1.5, False),  # less sure
@@ -338,12 +349,8 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     from the last final's end, and the surer of the two readings is committed; the window
     keeps its context for the finals after it. The second reading starts past the committed
     words: a word of their tail in it ("the") is no repeat of them to trim at."""
-    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    stream, first = first_utterance_committed()
     request = stream.request
-    request.num_decoded_positions = ms_to_positions(4_400)
-    request.endpoints.append(ms_to_positions(4_400))
-    first = read("we walked up to the hill", 400, 600, -0.1)  # to 4.0 s
-    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
     assert request.window_start == 0  # a short final stays in the window as context
 
     request.num_decoded_positions = ms_to_positions(9_400)
@@ -393,12 +400,8 @@ def test_a_final_that_says_its_context_again_is_read_again_without_it(second_tex
     life again." twice, for two sentences. A live final whose new words copy the words right
     before them is read again without the context, and the reading that copies nothing is
     kept, sure or not; speech that does repeat reads the same alone and is kept so."""
-    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    stream, first = first_utterance_committed()
     request = stream.request
-    request.num_decoded_positions = ms_to_positions(4_400)
-    request.endpoints.append(ms_to_positions(4_400))
-    first = read("we walked up to the hill", 400, 600, -0.1)  # to 4.0 s
-    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
 
     request.num_decoded_positions = ms_to_positions(9_400)
     request.endpoints.append(ms_to_positions(9_400))
