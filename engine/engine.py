@@ -25,6 +25,7 @@ from engine.processor_cache import ProcessorCache
 from engine.request import RequestStatus, fill_placeholders
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.stream import EngineOutput, Stream, hash_key, hear
+from engine.timeline import positions_to_ms
 from engine.worker import RunnerProcess, WorkerError, can_share
 
 __all__ = ["Engine", "EngineOutput", "StepInput", "StepStats"]
@@ -236,10 +237,12 @@ class Engine:
             request.output_token_ids.append(-1)  # one hypothesis pending per scheduled window
             items = request.mm_features[window.item_lo : window.item_hi]  # found by the scheduler
             pieces = window_pieces(items, window.window_start, window.window_end)
-            # a preview, or a final's second reading (Stream.doubt), starts past the window's
-            # committed words: all of them are its prompt
+            # a preview, or a final's second reading (Stream.doubt), starts at the last final's
+            # end: the committed words before it are its prompt (those partials committed past
+            # it, in an utterance too long to wait for its pause, it reads again)
             past = window.preview or window.window_start != request.window_start
-            prompt = stream.policy.prompt_tokens(self.config.prompt_tokens, in_window=not past,
+            since = positions_to_ms(window.window_start) if past else None
+            prompt = stream.policy.prompt_tokens(self.config.prompt_tokens, since,
                                                  timestamp_begin=stream.timestamp_begin)
             draft = stream.draft(window.window_start, window.preview)
             inp.windows.append(WindowInput(window, pieces, prompt, draft, stream.may_commit(window),

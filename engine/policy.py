@@ -34,33 +34,45 @@ class LocalAgreement:
     def committed_end_ms(self) -> int:
         return self.committed[-1].end_ms if self.committed else 0
 
-    def new_words(self, hypothesis: list[Word], in_window: bool = True) -> list[Word]:
-        """The part of a whole-window hypothesis past the committed words; `in_window=False`:
-        of a decode that starts past them (a second reading), all of it.
+    def new_words(self, hypothesis: list[Word], start_ms: int | None = None) -> list[Word]:
+        """The part of a hypothesis past the committed words whose audio it decoded: the
+        window's (`start_ms` None), or those of a decode from `start_ms` (`num_reread`).
 
-        The window still holds the audio of the n words committed since it was last cut, so
-        a hypothesis repeats them first. Find the committed tail (m = 5 ... 1 words) in it,
-        or the m words before the last one (a re-decode that changed the last word), at the
-        occurrence nearest to where it should be, give or take a word the re-decode split or
-        merged; else fall back to word mid-times. ("... is to be ill-disposed. He was not an
-        old-sposed young man" after "... is to be old-sposed." must not match the repeat.)
-        A tail of three words or more may be found further off: a re-decode of unclear
-        speech spells it in other words, and mid-times from a decode that misplaced them
-        would commit the tail again.
+        The decoded audio holds the n words committed there, so a hypothesis repeats them
+        first. Find the committed tail (m = 5 ... 1 words) in it, or the m words before the
+        last one (a re-decode that changed the last word), at the occurrence nearest to where
+        it should be, give or take a word the re-decode split or merged; else fall back to
+        word mid-times. ("... is to be ill-disposed. He was not an old-sposed young man"
+        after "... is to be old-sposed." must not match the repeat.) A tail of three words or
+        more may be found further off: a re-decode of unclear speech spells it in other words,
+        and mid-times from a decode that misplaced them would commit the tail again.
         """
-        n = self.num_window_committed
-        if n == 0 or not in_window:
+        n = self.num_reread(start_ms)
+        if n == 0:
             return hypothesis
-        end = self._tail_end([w.key for w in hypothesis])
+        end = self._tail_end([w.key for w in hypothesis], n)
         if end is not None:
             return hypothesis[end:]
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]
 
-    def _tail_end(self, keys: list[str]) -> int | None:
-        """Where the window's committed words end in a hypothesis (its word keys), found by
-        their tail (`new_words`); None: not found."""
+    def num_reread(self, start_ms: int | None = None) -> int:
+        """How many committed words a decode reads again: the window's (`start_ms` None), or,
+        of them, those whose middle lies at or past `start_ms`, for a decode from there. (A
+        second reading starts at the last final's end, where its words end: the words partials
+        committed since, in an utterance too long to wait for its pause, are in its audio; a
+        preview's start has none.)"""
         n = self.num_window_committed
+        if start_ms is None:
+            return n
+        k = 0
+        while k < n and self.committed[-1 - k].start_ms + self.committed[-1 - k].end_ms >= 2 * start_ms:
+            k += 1
+        return k
+
+    def _tail_end(self, keys: list[str], n: int) -> int | None:
+        """Where the last `n` committed words end in a hypothesis (its word keys), found by
+        their tail (`new_words`); None: not found."""
         committed = [w.key for w in self.committed[len(self.committed) - n :]]
         for m in range(min(OVERLAP_NGRAM, n), 0, -1):
             for skip in (0, 1) if m + 1 <= n else (0,):
@@ -82,7 +94,7 @@ class LocalAgreement:
         old ("He might even have been made amiable himself." over 13 s, its first three
         words placed in the committed sentences)."""
         n = self.num_window_committed
-        if n == 0 or not hypothesis or self._tail_end([w.key for w in hypothesis]) is not None:
+        if n == 0 or not hypothesis or self._tail_end([w.key for w in hypothesis], n) is not None:
             return True  # (an empty decode misplaces nothing: `flush` keeps the tentative tail)
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return 4 * sum((w.start_ms + w.end_ms) // 2 < cutoff for w in hypothesis) >= n
@@ -129,13 +141,13 @@ class LocalAgreement:
         self.previous = words[agreed:]
         return PolicyUpdate(newly, list(self.previous))
 
-    def flush(self, hypothesis: list[Word] | None = None, in_window: bool = True) -> PolicyUpdate:
-        """Commit everything: the given final hypothesis (`new_words`), or the last tentative
-        tail.
+    def flush(self, hypothesis: list[Word] | None = None, new: bool = False) -> PolicyUpdate:
+        """Commit everything: the given final hypothesis (`new_words`; `new`: found already),
+        or the last tentative tail.
 
         A final decode with nothing new (a short window decoded as silence, or a last word
         dropped) commits the last tentative tail instead: words seen are not lost."""
-        words = self.new_words(hypothesis, in_window) if hypothesis is not None else []
+        words = [] if hypothesis is None else hypothesis if new else self.new_words(hypothesis)
         if not words:
             words = self.previous
         self._commit(words)
@@ -163,15 +175,15 @@ class LocalAgreement:
         """Later windows get no prompt from the words committed so far."""
         self.prompt_floor = len(self.committed)
 
-    def prompt_tokens(self, max_tokens: int, in_window: bool = True,
+    def prompt_tokens(self, max_tokens: int, start_ms: int | None = None,
                       timestamp_begin: int | None = None) -> list[int]:
-        """Tokens of the committed words before the window (those in it get re-decoded);
-        `in_window=False`: of all committed words (a window that starts past them). With
-        `timestamp_begin`, their sentences between timestamps (`timed_prompt`)."""
+        """Tokens of the committed words before the decoded audio (those in it get re-decoded:
+        `num_reread`, of the window or of a decode from `start_ms`). With `timestamp_begin`,
+        their sentences between timestamps (`timed_prompt`)."""
         words: list[Word] = []
         timed = timestamp_begin is not None
         num_tokens = 2 if timed else 0  # the last segment's timestamps
-        before = len(self.committed) - (self.num_window_committed if in_window else 0)
+        before = len(self.committed) - self.num_reread(start_ms)
         for word in reversed(self.committed[max(self.prompt_floor, before - max_tokens) : before]):
             extra = 2 if timed and word.ends_sentence else 0
             if num_tokens + len(word.tokens) + extra > max_tokens:

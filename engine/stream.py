@@ -426,12 +426,11 @@ class Stream:
         # unsure after them or that copy them, and the surer reading is committed (`commit.surer`)
         passed_over = final and not reread and not policy.rereads(words)
         live_final = final and not request.background
-        new = policy.new_words(words, in_window=not reread) if live_final else []
+        new = policy.new_words(words, self._reread_ms() if reread else None) if live_final else []
         sureness, copied = mean_logprob(new), commit.copied_words([w.key for w in words], len(new))
         may_retry = commit.may_retry(facts, ms_to_positions(policy.committed_end_ms))
-        # the final after a hold read the held words with the speech after them: no second
-        # reading (from the last final's end, behind the words partials committed meanwhile)
-        doubt = not reread and not passed_over and may_retry and self.held is None \
+        # the final after a hold read the held words with the speech after them: no second reading
+        doubt = not reread and not passed_over and may_retry and self.held is None and self._drops_context() \
             and (commit.doubted(sureness, len(new)) or copied > 0)
         hold = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
@@ -449,7 +448,7 @@ class Stream:
         else:
             # a live final commits its new words, found once (`new_words`)
             update = PolicyUpdate([], []) if redo else self._commit(
-                plan, new if live_final else words, in_window=not live_final)
+                plan, new if live_final else words, new=live_final)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
@@ -534,6 +533,17 @@ class Stream:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
 
+    def _reread_ms(self) -> int:
+        """Where a final's second reading (`self.doubt`) starts: the last final's end (ms)."""
+        return positions_to_ms(self.request.preview_start)
+
+    def _drops_context(self) -> bool:
+        """Whether a second reading reads without context: committed words of the window lie
+        before its start. (In a window with no final since its start, partials committed the
+        first words of a long utterance: a second reading would be the first again.)"""
+        policy = self.policy
+        return policy.num_reread(self._reread_ms()) < policy.num_window_committed
+
     def _surer(self, facts: commit.WindowFacts, second: list[Word], sureness: float | None,
                copied: int) -> list[Word]:
         """A final read again without its context (`self.doubt`) to `second`, of mean
@@ -570,8 +580,8 @@ class Stream:
         start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
         return self.speech.unheard(start_ms, end_ms, words, UNHEARD_SPEECH_MS)
 
-    def _commit(self, plan: commit.Plan, words: list[Word], in_window: bool = True) -> PolicyUpdate:
-        """`in_window=False`: a final's words past the committed ones (`LocalAgreement.new_words`)."""
+    def _commit(self, plan: commit.Plan, words: list[Word], new: bool = False) -> PolicyUpdate:
+        """`new`: a final's words past the committed ones, found (`LocalAgreement.new_words`)."""
         policy, action = self.policy, plan.action
         if action is commit.Action.SHOW:
             # only the audio past the committed words: the tentative tail to show. The policy
@@ -579,7 +589,7 @@ class Stream:
             # commit it): a short window alone decodes worse, Whisper's " you" on a breath
             return PolicyUpdate([], words)
         if action is commit.Action.FINAL:
-            return PolicyUpdate(policy.flush(words, in_window).committed, [])
+            return PolicyUpdate(policy.flush(words, new).committed, [])
         if not plan.counts:  # a loop: neither agreement nor the tail to show
             update = PolicyUpdate([], list(policy.previous))
         else:

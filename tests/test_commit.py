@@ -416,6 +416,62 @@ def test_a_final_that_says_its_context_again_is_read_again_without_it(second_tex
     assert stream.doubt is None and not Scheduler.final_due(request)
 
 
+def agree(stream: Stream, texts: tuple[str, ...], before: list[Word], start_ms: int) -> list[Word]:
+    """Partials of the window (`before` its new words, read from `start_ms`), one per text,
+    each past `agree_after_ms` of audio uncommitted -> the words they committed."""
+    committed = []
+    for text in texts:
+        partial = before + read(text, start_ms, 900, -0.1)
+        committed += stream.apply(WindowResult("s", partial, final=False)).committed
+    return committed
+
+
+@pytest.mark.parametrize("second_logprob, kept", [
+    (-0.1, "and put it on a plate"), (-1.5, "and put it on a tray")])
+def test_a_second_reading_reads_the_words_partials_committed_since_the_last_final_again(
+        second_logprob, kept):
+    """An utterance that runs past `agree_after_ms` with no pause has its first words
+    committed by partials before its final. A second reading of that final starts at the
+    last final's end, before them: it reads them again, with the committed words before its
+    start as its prompt, not them, and commits only what it reads past them."""
+    stream, first = first_utterance_committed()
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(4_400 + EngineConfig.agree_after_ms + 200)
+    early = agree(stream, ("then shape the loaf and", "then shape the loaf but"), first, 5_000)
+    assert [w.text for w in early] == [" then", " shape", " the", " loaf"]
+
+    request.num_decoded_positions = ms_to_positions(14_400)
+    request.endpoints.append(ms_to_positions(14_400))
+    said = "then shape the loaf and put it on a "
+    out = stream.apply(WindowResult("s", first + read(said + "tray", 5_000, 900, 2 * DOUBT_LOGPROB),
+                                    final=True))
+    assert out.committed == [] and " ".join(w.text.strip() for w in out.tentative) == "and put it on a tray"
+    window = Scheduler()._window(request, partial=False)  # the second reading's
+    assert window.window_start == ms_to_positions(4_400)
+    assert len(stream.policy.prompt_tokens(224, start_ms=4_400)) == len(first)  # one token each
+
+    out = stream.apply(WindowResult("s", read(said + "plate", 5_000, 900, second_logprob), final=True))
+    assert " ".join(w.text.strip() for w in out.committed) == kept
+    assert stream.doubt is None and not Scheduler.final_due(request)
+
+
+def test_a_first_utterance_that_partials_began_to_commit_has_no_context_to_read_again_without():
+    """A session's first utterance, long enough for partials to commit its first words: its
+    final read unsure has those words before its new ones, but no final ended before them; a
+    second reading would start where the window does and read it as the first did. It is
+    committed as read."""
+    stream = speech_stream([(0, 12_000)], seconds=13)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(EngineConfig.agree_after_ms + 400)
+    early = agree(stream, ("the fresh wet and flour and", "the fresh wet and flour but"), [], 400)
+    assert len(early) == 5
+    request.num_decoded_positions = request.endpoints[0]
+    unsure = read("the fresh wet and flour and water so tenderly it will eat", 400, 900, 2 * DOUBT_LOGPROB)
+    out = stream.apply(WindowResult("s", unsure, final=True))
+    assert [w.text for w in early + out.committed] == [w.text for w in unsure]
+    assert stream.doubt is None and request.reread_start is None and not Scheduler.final_due(request)
+
+
 def hear_silence(stream: Stream, ms: int) -> None:
     """`ms` more of audio in which the VAD hears no speech, as Engine.hear would tell it."""
     chunks = ms * 16 // CHUNK_SAMPLES
