@@ -416,12 +416,13 @@ def test_a_final_that_says_its_context_again_is_read_again_without_it(second_tex
     assert stream.doubt is None and not Scheduler.final_due(request)
 
 
-def agree(stream: Stream, texts: tuple[str, ...], before: list[Word], start_ms: int) -> list[Word]:
+def agree(stream: Stream, texts: tuple[str, ...], before: list[Word], start_ms: int,
+          logprob: float = -0.1) -> list[Word]:
     """Partials of the window (`before` its new words, read from `start_ms`), one per text,
     each past `agree_after_ms` of audio uncommitted -> the words they committed."""
     committed = []
     for text in texts:
-        partial = before + read(text, start_ms, 900, -0.1)
+        partial = before + read(text, start_ms, 900, logprob)
         committed += stream.apply(WindowResult("s", partial, final=False)).committed
     return committed
 
@@ -530,10 +531,7 @@ def test_held_words_wait_for_agreement_past_the_held_pause():
         out = stream.apply(WindowResult("s", read(text, 400, 900, 2 * DOUBT_LOGPROB), final=False))
         assert out.committed == [] and out.tentative
     request.num_decoded_positions = pause + ms_to_positions(EngineConfig.agree_after_ms + 200)
-    committed = []
-    for text in texts:
-        partial = read(text, 400, 900, 2 * DOUBT_LOGPROB)
-        committed += stream.apply(WindowResult("s", partial, final=False)).committed
+    committed = agree(stream, texts, [], 400, 2 * DOUBT_LOGPROB)
     assert len(committed) == 6
     both = read("learning a new language as an adult takes patience and a sense of humour",
                 400, 900, 2 * DOUBT_LOGPROB)
