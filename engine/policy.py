@@ -8,6 +8,7 @@ the latest hypothesis is the tentative tail. Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 
 from engine.words import Word, timed_prompt
 
@@ -15,6 +16,12 @@ OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hyp
 TIME_TOLERANCE_MS = 100
 TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found ...
 LONG_TAIL_WORDS = 3  # ... times m for a tail of m words from this many on
+
+
+def respelled(a: str, b: str) -> bool:
+    """Whether two word keys are one word spelled twice: not the same, but nearly (a re-decode
+    of unclear speech drops or changes a letter). Short words differ as words do."""
+    return a != b and min(len(a), len(b)) >= 4 and SequenceMatcher(None, a, b).ratio() >= 0.8
 
 
 @dataclass
@@ -40,12 +47,14 @@ class LocalAgreement:
 
         The decoded audio holds the n words committed there, so a hypothesis repeats them
         first. Find the committed tail (m = 5 ... 1 words) in it, or the m words before the
-        last one (a re-decode that changed the last word), at the occurrence nearest to where
-        it should be, give or take a word the re-decode split or merged; else fall back to
-        word mid-times. ("... is to be ill-disposed. He was not an old-sposed young man"
-        after "... is to be old-sposed." must not match the repeat.) A tail of three words or
-        more may be found further off: a re-decode of unclear speech spells it in other words,
-        and mid-times from a decode that misplaced them would commit the tail again.
+        last one (a re-decode that changed the last word, or put a word before it), at the
+        occurrence nearest to where it should be, give or take a word the re-decode split or
+        merged; or the last word spelled nearly the same; else fall back to word mid-times
+        (which keep a re-spelled last word placed late: "of the fridge. Ridge."). ("... is to
+        be ill-disposed. He was not an old-sposed young man" after "... is to be old-sposed."
+        must not match the repeat.) A tail of three words or more may be found further off: a
+        re-decode of unclear speech spells it in other words, and mid-times from a decode that
+        misplaced them would commit the tail again.
         """
         n = self.num_reread(start_ms)
         if n == 0:
@@ -72,7 +81,8 @@ class LocalAgreement:
 
     def _tail_end(self, keys: list[str], n: int) -> int | None:
         """Where the last `n` committed words end in a hypothesis (its word keys), found by
-        their tail (`new_words`); None: not found."""
+        their tail (`new_words`), or by their last word spelled nearly the same where no tail is
+        found; None: not found."""
         committed = [w.key for w in self.committed[len(self.committed) - n :]]
         for m in range(min(OVERLAP_NGRAM, n), 0, -1):
             for skip in (0, 1) if m + 1 <= n else (0,):
@@ -82,7 +92,14 @@ class LocalAgreement:
                 j = min(hits, key=lambda j: abs(j - expected), default=None)
                 slack = TRIM_SLACK_WORDS * (m if m >= LONG_TAIL_WORDS else 1)
                 if j is not None and abs(j - expected) <= slack:
-                    return j + m + skip
+                    end = j + m + skip
+                    if skip and keys[end : end + 1] == committed[-1:]:
+                        end += 1  # a word put before the last one ("most of the afternoon")
+                    return end
+        hits = [j for j, key in enumerate(keys) if respelled(key, committed[-1])]
+        j = min(hits, key=lambda j: abs(j - (n - 1)), default=None)
+        if j is not None and abs(j - (n - 1)) <= TRIM_SLACK_WORDS:
+            return j + 1  # the last word spelled again nearly the same ("fridge" as "Ridge")
         return None
 
     def rereads(self, hypothesis: list[Word]) -> bool:

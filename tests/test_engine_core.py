@@ -599,6 +599,20 @@ def test_a_committed_tail_is_found_when_a_re_decode_spells_earlier_words_differe
     assert [w.key for w in committed] == ["had", "he", "married"]
 
 
+@pytest.mark.parametrize("before, hypothesis, new", [
+    # the re-decode put a word before the last one: "most of" is found, and "afternoon" past it
+    ("the match was tied for most of afternoon",
+     "the match was tied for most of the afternoon most teams played", "most teams played"),
+    # the re-decode spelled the last word nearly the same, its middle past the committed end
+    ("in the middle of the fridge", "in the middle of ridge eight of spades", "eight of spades"),
+])
+def test_a_re_decoded_last_word_is_not_committed_again(before, hypothesis, new):
+    policy = LocalAgreement()
+    policy.flush(words(before))
+    committed = policy.flush(words(hypothesis, 400)).committed
+    assert " ".join(w.key for w in committed) == new
+
+
 def test_a_re_decoded_last_word_does_not_match_its_later_repeat():
     policy = LocalAgreement()
     policy.flush(words("to be rather selfish is to be old-sposed"))
