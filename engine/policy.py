@@ -63,7 +63,7 @@ class LocalAgreement:
         if end is not None:
             return hypothesis[end:]
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
-        return [w for w in hypothesis if (w.start_ms + w.end_ms) // 2 >= cutoff]
+        return [w for w in hypothesis if w.mid_ms >= cutoff]
 
     def num_reread(self, start_ms: int | None = None) -> int:
         """How many committed words a decode reads again: the window's (`start_ms` None), or,
@@ -75,7 +75,7 @@ class LocalAgreement:
         if start_ms is None:
             return n
         k = 0
-        while k < n and self.committed[-1 - k].start_ms + self.committed[-1 - k].end_ms >= 2 * start_ms:
+        while k < n and self.committed[-1 - k].mid_ms >= start_ms:
             k += 1
         return k
 
@@ -114,7 +114,7 @@ class LocalAgreement:
         if n == 0 or not hypothesis or self._tail_end([w.key for w in hypothesis], n) is not None:
             return True  # (an empty decode misplaces nothing: `flush` keeps the tentative tail)
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
-        return 4 * sum((w.start_ms + w.end_ms) // 2 < cutoff for w in hypothesis) >= n
+        return 4 * sum(w.mid_ms < cutoff for w in hypothesis) >= n
 
     def sentence_start_ms(self, within_ms: int, lead_ms: int = 200) -> int | None:
         """Where the committed words' unfinished sentence starts: `lead_ms` before its first

@@ -635,7 +635,7 @@ class Stream:
         hole = self._skipped(facts, positions_to_ms(facts.end), new)
         if hole is None:
             return new
-        passed = [w for w in held if hole[0] <= (w.start_ms + w.end_ms) // 2 <= hole[1]]
+        passed = [w for w in held if hole[0] <= w.mid_ms <= hole[1]]
         return sorted(passed + new, key=lambda w: w.start_ms)
 
     def _cut(self, position: int) -> None:

@@ -39,6 +39,11 @@ class Word:
         return re.sub(r"[^\w']", "", self.text.lower())
 
     @property
+    def mid_ms(self) -> int:
+        """Its middle: which side of a time a word lies on, when its edges are estimates."""
+        return (self.start_ms + self.end_ms) // 2
+
+    @property
     def ends_sentence(self) -> bool:
         return self.text.rstrip().endswith(SENTENCE_ENDS)
 
