@@ -16,6 +16,7 @@ OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hyp
 TIME_TOLERANCE_MS = 100
 TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found ...
 LONG_TAIL_WORDS = 3  # ... times m for a tail of m words from this many on
+CONTEXT_WORDS = 512  # context words kept before the window: more than a prompt takes
 
 
 def respelled(a: str, b: str) -> bool:
@@ -35,7 +36,11 @@ class LocalAgreement:
         self.committed: list[Word] = []  # all committed words (append-only)
         self.previous: list[Word] = []  # last hypothesis past the committed point
         self.num_window_committed = 0  # committed words whose audio is in the decode window
-        self.prompt_floor = 0  # committed words before this index are never a prompt
+        # the committed words as the window's latest decode read them: the prompts' text
+        # (`read_window`), and how many of them are the window's
+        self.context: list[Word] = []
+        self.num_window_context = 0
+        self.prompt_floor = 0  # context words before this index are never a prompt
 
     @property
     def committed_end_ms(self) -> int:
@@ -71,13 +76,7 @@ class LocalAgreement:
         second reading starts at the last final's end, where its words end: the words partials
         committed since, in an utterance too long to wait for its pause, are in its audio; a
         preview's start has none.)"""
-        n = self.num_window_committed
-        if start_ms is None:
-            return n
-        k = 0
-        while k < n and self.committed[-1 - k].mid_ms >= start_ms:
-            k += 1
-        return k
+        return _num_since(self.committed, self.num_window_committed, start_ms)
 
     def _tail_end(self, keys: list[str], n: int) -> int | None:
         """Where the last `n` committed words end in a hypothesis (its word keys), found by
@@ -137,10 +136,12 @@ class LocalAgreement:
         starts on an item, up to 80 ms before it: counted in the window, the last word left the
         prompt without its full stop, and a re-decode found it in the new speech, " it" in
         "Leave it covered", and dropped the words up to there.)"""
-        n = self.num_window_committed
-        while n > 0 and self.committed[-n].end_ms <= start_ms + TIME_TOLERANCE_MS:
-            n -= 1
-        self.num_window_committed = n
+        self.num_window_committed = _num_after(self.committed, self.num_window_committed, start_ms)
+        self.num_window_context = _num_after(self.context, self.num_window_context, start_ms)
+        drop = len(self.context) - self.num_window_context - CONTEXT_WORDS
+        if drop > 0:  # a session's context grows for hours; a prompt takes its last words
+            del self.context[:drop]
+            self.prompt_floor = max(0, self.prompt_floor - drop)
 
     def update(self, hypothesis: list[Word], commit: bool = True) -> PolicyUpdate:
         """A new hypothesis of the window; `commit=False` only refreshes the tentative tail."""
@@ -186,22 +187,41 @@ class LocalAgreement:
             word.start_ms = max(word.start_ms, self.committed_end_ms)
             word.end_ms = max(word.end_ms, word.start_ms)
             self.committed.append(word)
+        self.context += words
         self.num_window_committed += len(words)
+        self.num_window_context += len(words)
+
+    def read_window(self, hypothesis: list[Word]) -> None:
+        """A decode of the window from its start read its committed words again: that reading,
+        which heard more of the speech after them, is now their text in later prompts (as
+        Whisper's offline prompt is its reading of a whole 30 s window: "He was not an
+        old-sposed young man." committed with 0.3 s of audio after it, read "ill-disposed"
+        with the next sentence; prompted with the first reading, the session's later windows
+        copied it). Not where their tail is not found in it, nor over text a hot decode read
+        (`reset_prompt`)."""
+        start = len(self.context) - self.num_window_context
+        n = self.num_window_committed
+        if n == 0 or start < self.prompt_floor:
+            return
+        end = self._tail_end([w.key for w in hypothesis], n)
+        if end is not None:
+            self.context[start:] = hypothesis[:end]
+            self.num_window_context = end
 
     def reset_prompt(self) -> None:
         """Later windows get no prompt from the words committed so far."""
-        self.prompt_floor = len(self.committed)
+        self.prompt_floor = len(self.context)
 
     def prompt_tokens(self, max_tokens: int, start_ms: int | None = None,
                       timestamp_begin: int | None = None) -> list[int]:
-        """Tokens of the committed words before the decoded audio (those in it get re-decoded:
-        `num_reread`, of the window or of a decode from `start_ms`). With `timestamp_begin`,
-        their sentences between timestamps (`timed_prompt`)."""
+        """Tokens of the committed words (as last read: `context`) before the decoded audio
+        (those in it get re-decoded: of the window, or those from `start_ms`). With
+        `timestamp_begin`, their sentences between timestamps (`timed_prompt`)."""
         words: list[Word] = []
         timed = timestamp_begin is not None
         num_tokens = 2 if timed else 0  # the last segment's timestamps
-        before = len(self.committed) - self.num_reread(start_ms)
-        for word in reversed(self.committed[max(self.prompt_floor, before - max_tokens) : before]):
+        before = len(self.context) - _num_since(self.context, self.num_window_context, start_ms)
+        for word in reversed(self.context[max(self.prompt_floor, before - max_tokens) : before]):
             extra = 2 if timed and word.ends_sentence else 0
             if num_tokens + len(word.tokens) + extra > max_tokens:
                 break
@@ -210,3 +230,21 @@ class LocalAgreement:
         if timed:
             return timed_prompt(words, timestamp_begin)
         return [t for word in words for t in word.tokens]
+
+
+def _num_since(words: list[Word], n: int, start_ms: int | None) -> int:
+    """Of the last `n` words, how many a decode from `start_ms` reads again: those whose
+    middle lies at or past it (all `n`: None, a decode of the window)."""
+    if start_ms is None:
+        return n
+    k = 0
+    while k < n and words[-1 - k].mid_ms >= start_ms:
+        k += 1
+    return k
+
+
+def _num_after(words: list[Word], n: int, start_ms: int) -> int:
+    """Of the last `n` words, how many a window cut at `start_ms` keeps (`cut_window`)."""
+    while n > 0 and words[-n].end_ms <= start_ms + TIME_TOLERANCE_MS:
+        n -= 1
+    return n

@@ -402,11 +402,7 @@ class Stream:
         facts = self._facts(result)
         # a second reading (`self.doubt`) decoded from the last final's end, not the window's start
         reread = result.final and self.doubt is not None
-        self.drafts[request.preview_start if reread else facts.start] = (facts.end, result.tokens)
-        if result.final:
-            request.reread_start = None
-        if result.temperature > 0.5:
-            policy.reset_prompt()  # as Whisper: text that needed a hot decode is no prompt
+        self._decoded(result, request.preview_start if reread else facts.start, facts.end)
         interval = ms_to_positions(self.config.decode_interval_ms)
         plan = commit.plan(facts, interval, self.config.agree_after)
         words = self.speech.fit(result.words, floor_ms=positions_to_ms(facts.start))
@@ -424,6 +420,8 @@ class Stream:
         # a final that passed over the window's committed words commits nothing: it is
         # decoded again from their end (`commit.retries`); so is one whose new words it read
         # unsure after them or that copy them, and the surer reading is committed (`commit.surer`)
+        if not result.preview and not reread:  # its reading of the committed words: prompts'
+            policy.read_window(words)
         passed_over = final and not reread and not policy.rereads(words)
         live_final = final and not request.background
         new = policy.new_words(words, self._reread_ms() if reread else None) if live_final else []
@@ -474,6 +472,16 @@ class Stream:
                             self.padding.audio_words(update.tentative), finished=done,
                             flushed_ms=flushed_ms,
                             done_ms=self.padding.audio_ms(positions_to_ms(request.window_start)))
+
+    def _decoded(self, result: WindowResult, start: int, end: int) -> None:
+        """What every decode (from `start` to `end`) leaves: its tokens, the next decode's
+        draft; a final, no second reading pending; a hot decode, no prompt from the text so far
+        (as Whisper: text that needed it is no prompt)."""
+        self.drafts[start] = (end, result.tokens)
+        if result.final:
+            self.request.reread_start = None
+        if result.temperature > 0.5:
+            self.policy.reset_prompt()
 
     def _facts(self, result: WindowResult) -> commit.WindowFacts:
         """What the commit rules need of the window a result decoded (the scheduler noted its

@@ -459,7 +459,7 @@ def test_a_windows_prompt_is_the_latest_committed_words_within_prompt_tokens():
     prompts, texts = [], []
     for step in scheduled_steps(engine, samples):
         (inp,) = step.model_input.windows
-        committed = [t for w in policy.committed for t in w.tokens]
+        committed = [t for w in policy.context for t in w.tokens]  # as last read
         text = [t for t in inp.prompt if t < ts_begin]
         assert len(inp.prompt) <= 8 and text == committed[len(committed) - len(text):]
         prompts.append(text)

@@ -613,6 +613,44 @@ def test_a_re_decoded_last_word_is_not_committed_again(before, hypothesis, new):
     assert " ".join(w.key for w in committed) == new
 
 
+def tokens_of(said: list[Word], vocabulary: dict[str, int]) -> list[Word]:
+    for w in said:
+        w.tokens = [vocabulary.setdefault(w.key, len(vocabulary))]
+    return said
+
+
+def test_a_prompt_reads_committed_words_as_the_latest_decode_of_their_window_read_them():
+    """The committed text stays as committed; later windows' prompts read it as the last
+    decode of its window did, with more of the speech after it."""
+    vocabulary: dict[str, int] = {}
+    said = lambda text, start_ms=0: tokens_of(words(text, start_ms), vocabulary)  # noqa: E731
+
+    def prompt(policy: LocalAgreement) -> str:
+        text = {i: key for key, i in vocabulary.items()}
+        return " ".join(text[t] for t in policy.prompt_tokens(100))
+
+    policy = LocalAgreement()
+    policy.flush(said("he was not an old-sposed young man"))
+    # the next final reads the window again with the next sentence: "ill-disposed"
+    hypothesis = said("he was not an ill-disposed young man he might even")
+    policy.read_window(hypothesis)
+    assert [w.key for w in policy.flush(hypothesis).committed] == ["he", "might", "even"]
+    assert prompt(policy) == ""  # all of it is in the window
+    policy.cut_window(3_000)
+    assert prompt(policy) == "he was not an illdisposed young man he might even"
+    assert " ".join(w.key for w in policy.committed[:7]) == "he was not an oldsposed young man"
+
+    # a decode that did not read the committed words again (no tail found) changes nothing
+    policy.flush(said("have been made amiable himself", 3_000))
+    policy.read_window(said("have beaten many others", 3_000))
+    # nor does one of a window that holds text from before a hot decode (`reset_prompt`)
+    policy.reset_prompt()
+    policy.flush(said("and mister john", 4_500))
+    policy.read_window(said("has been made amiable himself and mr john", 3_000))
+    policy.cut_window(6_000)
+    assert prompt(policy) == "and mister john"
+
+
 def test_a_re_decoded_last_word_does_not_match_its_later_repeat():
     policy = LocalAgreement()
     policy.flush(words("to be rather selfish is to be old-sposed"))
