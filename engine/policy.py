@@ -197,8 +197,8 @@ class LocalAgreement:
         Whisper's offline prompt is its reading of a whole 30 s window: "He was not an
         old-sposed young man." committed with 0.3 s of audio after it, read "ill-disposed"
         with the next sentence; prompted with the first reading, the session's later windows
-        copied it). Not where their tail is not found in it, nor over text a hot decode read
-        (`reset_prompt`)."""
+        copied it). Not where their tail is not found in it, nor while the window holds words
+        from before a hot decode's prompt reset (the floor counts the words before it)."""
         start = len(self.context) - self.num_window_context
         n = self.num_window_committed
         if n == 0 or start < self.prompt_floor:
