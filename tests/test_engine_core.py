@@ -9,7 +9,7 @@ import pytest
 from engine.encoder_cache import EncoderCacheManager
 from engine.load import ADMIT_LAG_S, ADMIT_SHARE, HYSTERESIS, PARTIAL_SLOWDOWN, SHED_SHARE, LoadMeter
 from engine.mm_window import get_mm_features_in_window
-from engine.policy import LocalAgreement
+from engine.policy import CONTEXT_WORDS, LocalAgreement
 from engine.request import (
     MMFeature,
     PlaceholderRange,
@@ -649,6 +649,22 @@ def test_a_prompt_reads_committed_words_as_the_latest_decode_of_their_window_rea
     policy.read_window(said("has been made amiable himself and mr john", 3_000))
     policy.cut_window(6_000)
     assert prompt(policy) == "and mister john"
+
+
+def test_the_prompts_context_stays_bounded_and_its_floor_with_it_over_a_long_session():
+    vocabulary: dict[str, int] = {}
+    policy = LocalAgreement()
+    for k in range(400):  # 1,600 words, each window cut past them
+        if k == 300:
+            policy.reset_prompt()  # a hot decode: nothing before it is a prompt again
+        policy.flush(tokens_of(words(f"w{k} x{k} y{k} z{k}", k * 2_000), vocabulary))
+        policy.cut_window(k * 2_000 + 1_300)
+        assert len(policy.context) <= CONTEXT_WORDS
+    text = {i: key for key, i in vocabulary.items()}
+    prompt = [text[t] for t in policy.prompt_tokens(200)]
+    assert len(policy.committed) == 1_600 and prompt[-1] == "z399"
+    assert prompt == [w.key for w in policy.committed[-len(prompt):]]
+    assert len(prompt) == 200 and policy.prompt_floor == len(policy.context) - 400
 
 
 def test_a_re_decoded_last_word_does_not_match_its_later_repeat():
