@@ -192,13 +192,14 @@ class LocalAgreement:
         self.num_window_context += len(words)
 
     def read_window(self, hypothesis: list[Word]) -> None:
-        """A decode of the window from its start read its committed words again: that reading,
-        which heard more of the speech after them, is now their text in later prompts (as
-        Whisper's offline prompt is its reading of a whole 30 s window: "He was not an
-        old-sposed young man." committed with 0.3 s of audio after it, read "ill-disposed"
-        with the next sentence; prompted with the first reading, the session's later windows
-        copied it). Not where their tail is not found in it, nor while the window holds words
-        from before a hot decode's prompt reset (the floor counts the words before it)."""
+        """A greedy decode of the window from its start (`Stream` gives no fallback's sample)
+        read its committed words again: that reading, which heard more of the speech after
+        them, is now their text in later prompts (as Whisper's offline prompt is its reading
+        of a whole 30 s window: "He was not an old-sposed young man." committed with 0.3 s of
+        audio after it, read "ill-disposed" with the next sentence; prompted with the first
+        reading, the session's later windows copied it). Not where their tail is not found in
+        it, nor while the window holds words from before a hot decode's prompt reset (the
+        floor counts the words before it)."""
         start = len(self.context) - self.num_window_context
         n = self.num_window_committed
         if n == 0 or start < self.prompt_floor:

@@ -417,11 +417,11 @@ class Stream:
         final = plan.action is commit.Action.FINAL
         if (plan.action is commit.Action.AGREE and plan.counts) or (final and not request.background):
             words = self._before_skip(facts, words)
+        if not (result.preview or reread or result.temperature):  # a greedy reading: prompts'
+            policy.read_window(words)
         # a final that passed over the window's committed words commits nothing: it is
         # decoded again from their end (`commit.retries`); so is one whose new words it read
         # unsure after them or that copy them, and the surer reading is committed (`commit.surer`)
-        if not result.preview and not reread:  # its reading of the committed words: prompts'
-            policy.read_window(words)
         passed_over = final and not reread and not policy.rereads(words)
         live_final = final and not request.background
         new = policy.new_words(words, self._reread_ms() if reread else None) if live_final else []

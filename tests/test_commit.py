@@ -672,3 +672,22 @@ def test_agreement_and_a_live_final_commit_no_word_past_speech_their_decodes_ski
     again.apply(WindowResult("s", first + after, final=True))
     out = again.apply(WindowResult("s", after, final=True))
     assert [w.text for w in out.committed] == [w.text for w in after]
+
+
+@pytest.mark.parametrize("temperature, context", [
+    (0.0, "we walked up to a hill then shape the loaf"),  # the greedy reading, with more audio
+    (0.4, "we walked up to the hill then shape the loaf")])  # a fallback's sample: not taken
+def test_a_greedy_final_reads_the_windows_committed_words_for_later_prompts(temperature, context):
+    """A final that decodes the window from its start reads its committed words again, with
+    the speech after them: its reading (a greedy one) is their text in later prompts; the
+    committed text stays."""
+    stream, first = first_utterance_committed()
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(9_400)
+    request.endpoints.append(ms_to_positions(9_400))
+    again = read("we walked up to a hill", 400, 600, -0.1)
+    out = stream.apply(WindowResult("s", again + read("then shape the loaf", 5_000, 900, -0.1),
+                                    final=True, temperature=temperature))
+    assert [w.key for w in out.committed] == ["then", "shape", "the", "loaf"]
+    assert " ".join(w.key for w in stream.policy.context) == context
+    assert [w.key for w in stream.policy.committed[:6]] == [w.key for w in first]
