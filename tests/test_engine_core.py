@@ -619,15 +619,18 @@ def tokens_of(said: list[Word], vocabulary: dict[str, int]) -> list[Word]:
     return said
 
 
+def prompt_keys(policy: LocalAgreement, vocabulary: dict[str, int], max_tokens: int) -> list[str]:
+    """The words of a policy's prompt, their tokens given by `tokens_of`."""
+    key = {i: k for k, i in vocabulary.items()}
+    return [key[t] for t in policy.prompt_tokens(max_tokens)]
+
+
 def test_a_prompt_reads_committed_words_as_the_latest_decode_of_their_window_read_them():
     """The committed text stays as committed; later windows' prompts read it as the last
     decode of its window did, with more of the speech after it."""
     vocabulary: dict[str, int] = {}
     said = lambda text, start_ms=0: tokens_of(words(text, start_ms), vocabulary)  # noqa: E731
-
-    def prompt(policy: LocalAgreement) -> str:
-        text = {i: key for key, i in vocabulary.items()}
-        return " ".join(text[t] for t in policy.prompt_tokens(100))
+    prompt = lambda policy: " ".join(prompt_keys(policy, vocabulary, 100))  # noqa: E731
 
     policy = LocalAgreement()
     policy.flush(said("he was not an old-sposed young man"))
@@ -660,8 +663,7 @@ def test_the_prompts_context_stays_bounded_and_its_floor_with_it_over_a_long_ses
         policy.flush(tokens_of(words(f"w{k} x{k} y{k} z{k}", k * 2_000), vocabulary))
         policy.cut_window(k * 2_000 + 1_300)
         assert len(policy.context) <= CONTEXT_WORDS
-    text = {i: key for key, i in vocabulary.items()}
-    prompt = [text[t] for t in policy.prompt_tokens(200)]
+    prompt = prompt_keys(policy, vocabulary, 200)
     assert len(policy.committed) == 1_600 and prompt[-1] == "z399"
     assert prompt == [w.key for w in policy.committed[-len(prompt):]]
     assert len(prompt) == 200 and policy.prompt_floor == len(policy.context) - 400
