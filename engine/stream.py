@@ -417,7 +417,7 @@ class Stream:
         final = plan.action is commit.Action.FINAL
         if (plan.action is commit.Action.AGREE and plan.counts) or (final and not request.background):
             words = self._before_skip(facts, words)
-        if not (result.preview or reread or result.temperature):  # a greedy reading: prompts'
+        if not (result.preview or reread or result.temperature):  # a greedy reading is the prompts'
             policy.read_window(words)
         # a final that passed over the window's committed words commits nothing: it is
         # decoded again from their end (`commit.retries`); so is one whose new words it read
