@@ -33,8 +33,9 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   words that end before its last 5 s and moves there.
 - A window over 15 s is cut at its committed end, so that decodes stay short; where the
   committed words end inside a sentence that began in their last 5 s, at that sentence's start
-  instead: a window that starts inside a sentence is often read from the next one on (under
-  babble, 6 s of speech after a committed "Then," were never read).
+  instead (or, in run-on speech read with no full stop, its clause's): a window that starts
+  inside a sentence is often read from the next one on (under babble, 6 s of speech after a
+  committed "Then," were never read).
 - A full window or a file's final whose decode passed over seconds of speech commits only what
   came before it (the stream's `_unskipped`; a final then reads that speech again, cut short).
   So do agreement and a live final (the stream's `_before_skip`), where that speech begins a
@@ -65,8 +66,8 @@ HOLD_MAX_POSITIONS = 10 * POSITIONS_PER_SECOND
 SHORT_READING = 0.75  # a reading with fewer words than this share of the other's skipped speech
 REPEAT_MIN_WORDS = 4  # a span this long said twice back to back is a copy (`copied_words`)
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
-# a long window is cut at the start of the committed words' unfinished sentence if it began
-# within this much before their end (else at their end)
+# a long window is cut at the start of the committed words' unfinished sentence (or clause) if
+# it began within this much before their end (else at their end)
 SENTENCE_CUT_POSITIONS = 5 * POSITIONS_PER_SECOND
 
 

@@ -115,20 +115,28 @@ class LocalAgreement:
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return 4 * sum(w.mid_ms < cutoff for w in hypothesis) >= n
 
-    def sentence_start_ms(self, within_ms: int, lead_ms: int = 200) -> int | None:
-        """Where the committed words' unfinished sentence starts: `lead_ms` before its first
-        word (whose time may be late), not before the sentence before it ends. None: the
-        committed words end a sentence, or none does in their last `within_ms` (the words
-        before are not looked at: a session's committed words grow for hours)."""
+    def sentence_start_ms(self, within_ms: int, lead_ms: int = 400) -> int | None:
+        """Where the committed words' unfinished sentence starts, or failing one in their last
+        `within_ms`, their unfinished clause (after a comma: run-on speech, read without full
+        stops): `lead_ms` before the earlier of its first word's start and the word before's
+        end, not before that word starts. Across a pause the VAD cannot hear, the alignment
+        ends the one and starts the other late: a window that starts inside its first word is
+        often read from the next sentence on.
+        None: the committed words end a sentence, or neither ends in their last `within_ms`
+        (the words before are not looked at: a session's committed words grow for hours)."""
         words = self.committed
         if not words or words[-1].ends_sentence:
             return None
+        clause = None
         for k in range(len(words) - 2, -1, -1):
             if words[k + 1].start_ms < words[-1].end_ms - within_ms:
-                return None
-            if words[k].ends_sentence:
-                return max(words[k].end_ms, words[k + 1].start_ms - lead_ms)
-        return None
+                break
+            if words[k].ends_sentence or (clause is None and words[k].ends_clause):
+                at = max(words[k].start_ms, min(words[k].end_ms, words[k + 1].start_ms) - lead_ms)
+                if words[k].ends_sentence:
+                    return at
+                clause = at
+        return clause
 
     def cut_window(self, start_ms: int) -> None:
         """The decode window now starts at `start_ms`: committed words before it leave it, and

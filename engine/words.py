@@ -22,6 +22,7 @@ Tokenizer = Any  # engine.model.tokenizer.Tokenizer: decode(), id_to_token
 
 MAX_MEDIAN_WORD_MS = 700
 SENTENCE_ENDS = (".", "!", "?")
+CLAUSE_ENDS = (",", ";", ":")
 
 
 @dataclass
@@ -46,6 +47,10 @@ class Word:
     @property
     def ends_sentence(self) -> bool:
         return self.text.rstrip().endswith(SENTENCE_ENDS)
+
+    @property
+    def ends_clause(self) -> bool:
+        return self.text.rstrip().endswith(CLAUSE_ENDS)
 
 
 @dataclass

@@ -258,8 +258,8 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
     assert policy.sentence_start_ms(5_000) is None  # nothing agreed yet
     policy.update(sentence + words("Then shape", 14_000))
     assert [w.text for w in policy.committed][-1] == " Then"
-    assert policy.sentence_start_ms(5_000) == 14_000 - 200
-    assert policy.sentence_start_ms(5_000, lead_ms=2_000) == 13_500  # not before "size." ends
+    assert policy.sentence_start_ms(5_000) == 13_500 - 400  # before "size." ends: both may be late
+    assert policy.sentence_start_ms(5_000, lead_ms=2_000) == 12_600  # not before "size." starts
     assert policy.sentence_start_ms(100) is None  # "Then" starts 0.3 s before its own end
     policy.update(sentence + words("Then shape it.", 14_000))
     policy.update(sentence + words("Then shape it. And", 14_000))
@@ -282,9 +282,46 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
         request.num_decoded_positions = ms_to_positions(end_ms)
         out = stream.apply(WindowResult("s", said + words(rest, 15_000), final=False))
     assert [w.text for w in out.committed][-2:] == [" size.", " Then"]
-    then = out.committed[-1]
-    assert ms_to_positions(then.start_ms - 300) <= request.window_start <= ms_to_positions(then.start_ms)
-    assert stream.policy.num_window_committed == 1  # "Then" is read again, not in the prompt
+    size, then = out.committed[-2:]
+    assert ms_to_positions(size.start_ms) <= request.window_start <= ms_to_positions(then.start_ms - 400)
+    assert stream.policy.num_window_committed == 2  # "size. Then" are read again, not in the prompt
+
+
+def test_a_sentence_cut_starts_before_a_first_word_the_alignment_starts_late():
+    """Sentences 0.1-0.3 s apart: the VAD hears no pause, and the alignment ends the last word
+    before and starts the first word after 0.3 s late ("sun." to 28.50 s, "Families" from
+    28.66 s, spoken from 28.28 s). Cut 0.2 s before "Families" the window started inside it,
+    and Whisper read it from the sentence after: 4 s of speech never read. The cut goes
+    0.4 s before the earlier of the two edges."""
+    from engine.policy import LocalAgreement
+
+    policy = LocalAgreement()
+    said = words("compared with the sun.", 26_500, 500)  # " sun." 28.0-28.5 s
+    said += [Word(" Families", 28_660, 29_000), Word(" spread", 29_000, 29_400)]
+    policy.update(said)
+    policy.update(said + words("out", 29_400))
+    assert [w.text for w in policy.committed][-2:] == [" Families", " spread"]
+    assert policy.sentence_start_ms(5_000) == 28_500 - 400 < 28_280
+
+
+def test_run_on_speech_is_cut_where_its_unfinished_clause_starts():
+    """Speech with no pause is read without full stops ("..., the museum keeps its oldest maps
+    in a dark room at the"): a window over 15 s, cut at the committed end, started inside
+    "back of the building" and read it "dark, in the building". With no sentence end in the
+    last 5 s, the cut goes before the unfinished clause, after its comma."""
+    from engine.policy import LocalAgreement
+
+    policy = LocalAgreement()
+    said = words("and bounced into the net, the museum keeps its maps in a dark room at the", 30_000, 400)
+    policy.update(said)
+    policy.update(said + words("back", 36_000))
+    museum = next(w for w in policy.committed if w.text == " museum")
+    assert policy.sentence_start_ms(5_000) == 32_000 - 400  # " net," ends at 32.0 s
+    assert policy.sentence_start_ms(5_000) < museum.start_ms
+    assert policy.sentence_start_ms(1_000) is None  # no clause ends in the last second
+    policy.update(said + words("back of it.", 36_000))
+    policy.update(said + words("back of it. And", 36_000))
+    assert policy.sentence_start_ms(5_000) is None  # the committed words end a sentence
 
 
 def test_a_final_that_passes_over_its_windows_committed_words_is_decoded_again_from_their_end():
