@@ -127,15 +127,18 @@ class LocalAgreement:
         words = self.committed
         if not words or words[-1].ends_sentence:
             return None
+
+        def after(k: int) -> int:  # the cut before the words after words[k]
+            return max(words[k].start_ms, min(words[k].end_ms, words[k + 1].start_ms) - lead_ms)
+
         clause = None
         for k in range(len(words) - 2, -1, -1):
             if words[k + 1].start_ms < words[-1].end_ms - within_ms:
                 break
-            if words[k].ends_sentence or (clause is None and words[k].ends_clause):
-                at = max(words[k].start_ms, min(words[k].end_ms, words[k + 1].start_ms) - lead_ms)
-                if words[k].ends_sentence:
-                    return at
-                clause = at
+            if words[k].ends_sentence:
+                return after(k)
+            if clause is None and words[k].ends_clause:
+                clause = after(k)
         return clause
 
     def cut_window(self, start_ms: int) -> None:
