@@ -20,6 +20,9 @@ LEAD_IN_MS = 1000
 # (DecodingOptions.speech_heard); a breath or a click is not this long
 HEARD_SPEECH_MS = 500
 ONSET_LEAD_MS = 1000  # a first word in a run of speech starts at most this much later than the run
+# ... and a word after punctuation, with no pause between, this much later than the word before
+# ends (longer: a pause the VAD hears as speech, under other voices)
+LAG_MS = 500
 WORD_SLACK_MS = 300  # `unheard`: speech this near a word may be that word's ...
 LONG_WORD_EDGE_MS = 500  # ... and a word longer than twice this covers this much at each edge
 UNHEARD_SPEECH_MS = 2000  # this much VAD speech between a window's words is speech it skipped
@@ -116,6 +119,10 @@ class SpeechMap:
             k += 1
         return total
 
+    def _ended(self, run: int) -> bool:
+        """Whether the VAD heard the end of a run (not the speech it still hears)."""
+        return run + 1 < len(self.ends) or not self.in_speech
+
     def _near_speech(self, word: Word) -> bool:
         """Whether a run of speech comes within SNAP_MS of the word."""
         k = bisect.bisect_left(self.ends, word.start_ms - SNAP_MS)  # the first run ending after
@@ -159,12 +166,17 @@ class SpeechMap:
         The alignment also starts a word late when speech begins after a pause (the
         attention follows the audio with a lag): the first word in a run of speech, when no
         earlier word (nor `floor_ms`, where the words' window starts) lies in that run and
-        the run began at most ONSET_LEAD_MS before it, starts where the run does."""
+        the run began at most ONSET_LEAD_MS before it, starts where the run does; a word after
+        a full stop or a comma and a gap of at most LAG_MS (the punctuation's: `aligned_words`)
+        the VAD heard as speech throughout starts where the gap does."""
         heard = samples_to_ms(self.num_chunks * CHUNK_SAMPLES)
         pad = self.PAD_MS
+
+        def following(k: int) -> int:  # where the word after words[k] starts, as aligned
+            return words[k + 1].start_ms if k + 1 < len(words) else heard
         spoken = {w.segment for w in words if w.end_ms > heard or self._near_speech(w)}
         kept: list[Word] = []
-        for word in words:
+        for k, word in enumerate(words):
             before = max(floor_ms, kept[-1].end_ms if kept else floor_ms)
             if drop and word.segment not in spoken:
                 continue
@@ -177,7 +189,14 @@ class SpeechMap:
                 word.start_ms = min(onset, word.end_ms - MIN_WORD_MS)
             elif onset is not None and before <= onset < word.start_ms <= onset + ONSET_LEAD_MS:
                 word.start_ms = onset
+            elif len(kept) > 1 and before == kept[-2].end_ms < word.start_ms <= before + LAG_MS \
+                    and (kept[-2].ends_sentence or kept[-2].ends_clause) \
+                    and self.speech_ms(before, word.start_ms) >= word.start_ms - before:
+                word.start_ms = before  # punctuation with no pause: the lag is this word's
             j = bisect.bisect_left(self.starts, word.end_ms - pad) - 1  # the last run starting before
             if j >= 0 and word.start_ms - SNAP_MS < self.ends[j] + pad < word.end_ms:
                 word.end_ms = max(self.ends[j] + pad, word.start_ms + MIN_WORD_MS)
+            elif j >= 0 and (word.ends_sentence or word.ends_clause) and self._ended(j) \
+                    and word.end_ms < self.ends[j] + pad <= min(word.end_ms + SNAP_MS, following(k)):
+                word.end_ms = self.ends[j] + pad  # its punctuation started before its speech ended
         return kept

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+import string
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -122,15 +123,28 @@ def segment_words(tokenizer: Tokenizer, tokens: list[int], start: float, end: fl
     return words
 
 
+def unspoken(text: str) -> bool:
+    """Whether a token's text is punctuation only (a partial character is not)."""
+    text = text.strip()
+    return bool(text) and all(c in string.punctuation for c in text)
+
+
 def aligned_words(tokenizer: Tokenizer, tokens: list[int], starts: list[float]) -> list[Word]:
     """Text tokens and, per token, the second it starts (one more: where the text ends) ->
-    words timed from the audio. DTW lets a word take in a pause next to it; a word longer
-    than twice the median word (at most 1.4 s) at a sentence's or the text's edge is cut to
-    that length on its pause side, as openai/whisper does."""
+    words timed from the audio. A word ends where its trailing punctuation starts: the
+    punctuation is not spoken, and DTW gives it the pause after the word or, where there is
+    none, the start of the next word (the attention follows the audio with a lag), so the
+    next word starts late and the gap is left to `SpeechMap.fit`. DTW lets a word take in a
+    pause next to it; a word longer than twice the median word (at most 1.4 s) at a
+    sentence's or the text's edge is cut to that length on its pause side, as
+    openai/whisper does."""
     words, i = [], 0
     for group in word_groups(tokenizer, tokens):
+        spoken = len(group)
+        while spoken > 1 and unspoken(tokenizer.decode(group[spoken - 1 : spoken])):
+            spoken -= 1
         words.append(Word(tokenizer.decode(group), seconds_to_ms(starts[i]),
-                          seconds_to_ms(starts[i + len(group)]), group))
+                          seconds_to_ms(starts[i + spoken]), group))
         i += len(group)
     durations = sorted(w.end_ms - w.start_ms for w in words if w.end_ms > w.start_ms)
     if not durations:

@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from engine.engine import Engine
 from engine.model import transcribe as transcribe_module
 from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
-from engine.speech_map import SNAP_MS, SpeechMap
+from engine.speech_map import LAG_MS, SNAP_MS, SpeechMap
 from engine.words import Word, aligned_words, window_words
+from scripts import corpus
+from scripts.evaluate import replay_clip
 from scripts.wer import word_errors
 from tests.helpers import audio, bundle, librivox_path, speech_onset_ms, transcripts
 
@@ -63,6 +66,7 @@ def test_aligned_words_take_token_times_and_cut_a_first_word_that_took_in_a_paus
     assert [w.text for w in words] == [" He", " was", " not", " an", " old", " young", " man."]
     assert all(a.end_ms == b.start_ms for a, b in zip(words, words[1:], strict=False))
     assert words[0].end_ms == 3000 and words[0].start_ms >= 2000  # not 0: cut to twice a median word
+    assert words[-1].end_ms == 4500  # where its full stop starts, not where the text ends (4.75 s)
 
 
 @pytest.mark.parametrize("aligned", [True, False])
@@ -161,6 +165,39 @@ def test_speech_map_starts_a_late_first_word_where_its_speech_starts():
     speech.fit([after_window], floor_ms=5100)
     speech.fit([long_after])
     assert after_window.start_ms == 5300 and long_after.start_ms == 6100
+
+
+def test_a_word_after_punctuation_with_no_pause_starts_where_the_word_before_ends():
+    """DTW gives a full stop the start of the next word where there is no pause for it: the
+    gap it leaves goes to the next word when the VAD heard speech all through it, not when it
+    heard a pause there (the pause's onset), nor when the gap is longer than LAG_MS. Where the
+    full stop starts before the VAD hears the speech end (within SNAP_MS), the word ends there."""
+    speech = speech_map([(1024, 4000), (4512, 8000)], 9000)
+    end, run_on = Word(" corridor.", 1500, 2000), Word(" The", 2250, 2500)
+    assert speech.fit([end, run_on]) == [end, run_on] and run_on.start_ms == 2000
+    end, after_pause = Word(" planets.", 3500, 3900), Word(" Two", 4600, 4900)
+    speech.fit([end, after_pause])
+    assert end.end_ms == 4000 + SpeechMap.PAD_MS and after_pause.start_ms == 4512 - SpeechMap.PAD_MS
+    end, far = Word(" apart.", 5000, 5200), Word(" Later", 5200 + LAG_MS + 100, 6000)
+    speech.fit([end, far])
+    assert far.start_ms == 5200 + LAG_MS + 100
+
+
+def test_sentences_spoken_with_little_or_no_pause_between_keep_their_onsets():
+    """Run-on speech (0.04 s between sentences) and short pauses (0.2 s), by turns: the first
+    word of each sentence is stamped at its onset, offline and streaming. The alignment alone
+    starts some 0.25-0.4 s late in run-on speech (the full stop before it took its start)."""
+    voice = corpus.Voice("espeak", "en-gb+f2", 175, 50)
+    pieces = [corpus.tts_piece(text, voice) for text in corpus.PASSAGES[2] + corpus.PASSAGES[5]]
+    clip = corpus.layout("run-on", "run-on", pieces, [(0.04, 0.2)[k % 2] for k in range(len(pieces) - 1)])
+    manifest = corpus.manifest(clip, "run-on.wav")
+    offline = [(w.start_ms / 1000, w.end_ms / 1000, w.text)
+               for s in transcribe(bundle(), torch.from_numpy(clip.audio)).segments for w in s.words]
+    streamed = replay_clip(Engine(bundle()), clip.audio, 1600)
+    for words in (offline, streamed):
+        onsets = sorted(corpus.score(manifest, words).onset_errors)
+        text = "".join(w for _, _, w in words)
+        assert len(onsets) >= 6 and onsets[len(onsets) // 2] <= 0.1 and onsets[-1] <= 0.3, (onsets, text)
 
 
 def test_offline_word_times_follow_the_speech():
