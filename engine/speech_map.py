@@ -174,6 +174,7 @@ class SpeechMap:
 
         def following(k: int) -> int:  # where the word after words[k] starts, as aligned
             return words[k + 1].start_ms if k + 1 < len(words) else heard
+
         spoken = {w.segment for w in words if w.end_ms > heard or self._near_speech(w)}
         kept: list[Word] = []
         for k, word in enumerate(words):
@@ -190,13 +191,13 @@ class SpeechMap:
             elif onset is not None and before <= onset < word.start_ms <= onset + ONSET_LEAD_MS:
                 word.start_ms = onset
             elif len(kept) > 1 and before == kept[-2].end_ms < word.start_ms <= before + LAG_MS \
-                    and (kept[-2].ends_sentence or kept[-2].ends_clause) \
+                    and kept[-2].ends_phrase \
                     and self.speech_ms(before, word.start_ms) >= word.start_ms - before:
                 word.start_ms = before  # punctuation with no pause: the lag is this word's
             j = bisect.bisect_left(self.starts, word.end_ms - pad) - 1  # the last run starting before
             if j >= 0 and word.start_ms - SNAP_MS < self.ends[j] + pad < word.end_ms:
                 word.end_ms = max(self.ends[j] + pad, word.start_ms + MIN_WORD_MS)
-            elif j >= 0 and (word.ends_sentence or word.ends_clause) and self._ended(j) \
+            elif j >= 0 and word.ends_phrase and self._ended(j) \
                     and word.end_ms < self.ends[j] + pad <= min(word.end_ms + SNAP_MS, following(k)):
                 word.end_ms = self.ends[j] + pad  # its punctuation started before its speech ended
         return kept

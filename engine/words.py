@@ -53,6 +53,12 @@ class Word:
     def ends_clause(self) -> bool:
         return self.text.rstrip().endswith(CLAUSE_ENDS)
 
+    @property
+    def ends_phrase(self) -> bool:
+        """A full stop or a comma ends it: a pause may follow, or the next word's first 0.1-0.4 s
+        in the alignment (`aligned_words`)."""
+        return self.text.rstrip().endswith(SENTENCE_ENDS + CLAUSE_ENDS)
+
 
 @dataclass
 class Segment:
