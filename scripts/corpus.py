@@ -21,6 +21,8 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - stereo-44k: the program at 44.1 kHz in two channels (the right one 2 dB quieter);
 - gaps-silence / gaps-noise: sentences with gaps of 5-60 s of digital silence, or with a
   -60 dBFS pink noise floor throughout;
+- pauses-short / run-on: passages, one voice each, with 0.12-0.35 s between sentences, or
+  0.03-0.08 s (sentences run on with no pause a VAD can hear);
 - long-session: over 10 minutes of passages, one voice per passage, 1.5 s between sentences;
 - end-abrupt: short clips whose file ends within 50 ms after the last word;
 - previous-set: the recordings of the earlier evaluation set (the Austen passages once and in
@@ -65,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 6  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 7  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -643,6 +645,21 @@ def gap_clip(name: str, seed: int, quick: bool, first: int, long_gaps: list[floa
     return layout(name, name, pieces, pauses)
 
 
+def close_pauses(seed: int, quick: bool) -> list[Clip]:
+    """Passages, one voice each, whose sentences follow each other after 0.12-0.35 s
+    (pauses-short) or 0.03-0.08 s (run-on): pauses too short for a VAD to end speech at."""
+    out = []
+    for name, first, low, high in (("pauses-short", 15, 0.12, 0.35), ("run-on", 21, 0.03, 0.08)):
+        rng = voices_rng(seed, name)
+        passages = [PASSAGES[first][:3]] if quick else list(PASSAGES[first : first + 6])
+        pieces = []
+        for passage in passages:
+            voice = random_voice(rng)
+            pieces += [tts_piece(t, voice) for t in passage]
+        out.append(layout(name, name, pieces, [rng.uniform(low, high) for _ in pieces[1:]]))
+    return out
+
+
 def long_session(seed: int, quick: bool, real: dict[str, Piece]) -> Clip:
     """Passage after passage, one voice each, the Austen passages among them; 1.5 s pauses."""
     rng = voices_rng(seed, "long-session")
@@ -710,6 +727,7 @@ def clips(seed: int = 0, quick: bool = False) -> list[Clip]:
     sounds = gap_clip("gaps-sounds", seed, quick, 12, [5.0, 7.0] if quick else
                       [5.0, 7.0, 10.0, 14.0, 20.0, 30.0, 45.0])
     out.append(with_sounds(sounds, "gaps-sounds", seed))
+    out += close_pauses(seed, quick)
     out.append(long_session(seed, quick, real))
     return out + end_clips(seed, quick) + previous_set(quick, real) + [real_ivr(seed, quick)]
 

@@ -27,8 +27,8 @@ from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
               "white-snr10", "babble-snr12", "reverb", "cheap-mic", "telephone-8k", "stereo-44k",
-              "gaps-silence", "gaps-noise", "gaps-sounds", "long-session", "end-abrupt", "previous-set",
-              "real-ivr"}
+              "gaps-silence", "gaps-noise", "gaps-sounds", "pauses-short", "run-on", "long-session",
+              "end-abrupt", "previous-set", "real-ivr"}
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +170,14 @@ def test_long_gaps_abrupt_ends_and_the_long_session(built):
     assert all(abs(p - 1.5) < 1e-3 for p in pauses)
     assert len({s["speaker"] for s in long["sentences"]}) >= 3
 
+
+
+def test_close_pauses_are_as_short_as_their_condition_says(built):
+    clip = by_name(built)
+    for name, low, high in (("pauses-short", 0.12, 0.35), ("run-on", 0.03, 0.08)):
+        sentences = clip[name][0]["sentences"]
+        pauses = [b["onset"] - a["end"] for a, b in zip(sentences, sentences[1:], strict=False)]
+        assert len(pauses) >= 2 and all(low - 1e-3 <= p <= high + 1e-3 for p in pauses), (name, pauses)
 
 def test_the_build_is_deterministic(built):
     folder, _ = built
