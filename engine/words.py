@@ -24,6 +24,7 @@ Tokenizer = Any  # engine.model.tokenizer.Tokenizer: decode(), id_to_token
 MAX_MEDIAN_WORD_MS = 700
 SENTENCE_ENDS = (".", "!", "?")
 CLAUSE_ENDS = (",", ";", ":")
+CLOSERS = "\"')]}\u201d\u2019"  # a quote or bracket after the mark: `said."`, `(yes).`
 
 
 @dataclass
@@ -47,17 +48,21 @@ class Word:
 
     @property
     def ends_sentence(self) -> bool:
-        return self.text.rstrip().endswith(SENTENCE_ENDS)
+        return self._last_mark.endswith(SENTENCE_ENDS)
 
     @property
     def ends_clause(self) -> bool:
-        return self.text.rstrip().endswith(CLAUSE_ENDS)
+        return self._last_mark.endswith(CLAUSE_ENDS)
 
     @property
     def ends_phrase(self) -> bool:
         """A full stop or a comma ends it: a pause may follow, or the next word's first 0.1-0.4 s
         in the alignment (`aligned_words`)."""
-        return self.text.rstrip().endswith(SENTENCE_ENDS + CLAUSE_ENDS)
+        return self._last_mark.endswith(SENTENCE_ENDS + CLAUSE_ENDS)
+
+    @property
+    def _last_mark(self) -> str:
+        return self.text.rstrip().rstrip(CLOSERS)
 
 
 @dataclass
