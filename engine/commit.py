@@ -35,7 +35,11 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   committed words end inside a sentence that began in their last 5 s, at that sentence's start
   instead (or, in run-on speech read with no full stop, its clause's): a window that starts
   inside a sentence is often read from the next one on (under babble, 6 s of speech after a
-  committed "Then," were never read).
+  committed "Then," were never read). Where they end inside a phrase with no such start, it
+  is not cut until agreement commits to a phrase's end or one's start comes within reach, or
+  the window is full (run-on speech read with no punctuation: cut after "from a broken gate
+  to", Whisper read the next window from the sentence after "a leaking roof. Nobody on a farm
+  ever complains of being bored." on).
 - A full window or a file's final whose decode passed over seconds of speech commits only what
   came before it (the stream's `_unskipped`; a final then reads that speech again, cut short).
   So do agreement and a live final (the stream's `_before_skip`), where that speech begins a
@@ -205,13 +209,14 @@ def may_retry(facts: WindowFacts, committed_end: int) -> bool:
 
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
                      speech_after_ms: int = 0, sentence_start: int | None = None,
-                     passed_over: bool = False) -> int | None:
+                     passed_over: bool = False, mid_phrase: bool = False) -> int | None:
     """Where the window starts once the plan is applied (None: where it was).
     `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
     speech in the window past them, for a FINAL; `sentence_start`: where
     the committed words' unfinished sentence starts; `passed_over`: a FINAL's decode passed
-    over the window's committed words and was not committed (`retries`). A FINAL cut before
-    the window's end is a retry."""
+    over the window's committed words and was not committed (`retries`); `mid_phrase`: the
+    committed words end inside a sentence or clause (no full stop or comma after the last). A
+    FINAL cut before the window's end is a retry."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
@@ -230,6 +235,8 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
         if not facts.silence and sentence_start is not None \
                 and max(facts.start, committed_end - SENTENCE_CUT_POSITIONS) < sentence_start < committed_end:
             boundary = sentence_start  # not inside a sentence: Whisper skips its rest
+        elif not facts.silence and mid_phrase:
+            return None  # no phrase's start to cut at: the window grows to one, or to full
         if boundary > facts.start:
             return boundary
     return None

@@ -46,6 +46,11 @@ class LocalAgreement:
     def committed_end_ms(self) -> int:
         return self.committed[-1].end_ms if self.committed else 0
 
+    @property
+    def ends_inside_phrase(self) -> bool:
+        """Whether the committed words end with no full stop or comma after the last."""
+        return bool(self.committed) and not self.committed[-1].ends_phrase
+
     def new_words(self, hypothesis: list[Word], start_ms: int | None = None) -> list[Word]:
         """The part of a hypothesis past the committed words whose audio it decoded: the
         window's (`start_ms` None), or those of a decode from `start_ms` (`num_reread`).

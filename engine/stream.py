@@ -453,7 +453,7 @@ class Stream:
         sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
         cut = None if doubt or hold else commit.new_window_start(
             facts, plan.action, ms_to_positions(end_ms), missed,
-            None if sentence is None else ms_to_positions(sentence), redo)
+            None if sentence is None else ms_to_positions(sentence), redo, policy.ends_inside_phrase)
         if cut is not None:
             self._cut(cut)
             self.fresh_window = False

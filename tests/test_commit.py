@@ -21,8 +21,8 @@ from engine.config import EngineConfig
 from engine.model_runner import WindowResult
 from engine.scheduler import Scheduler
 from engine.speech_map import LONG_SILENCE_MS, ONSET_PAD_MS, SpeechMap
-from engine.stream import Stream
-from engine.timeline import ms_to_positions
+from engine.stream import EngineOutput, Stream
+from engine.timeline import MAX_WINDOW_POSITIONS, ms_to_positions
 from engine.words import Word
 
 INTERVAL = 50  # a 1 s decode interval, in positions
@@ -111,6 +111,16 @@ def test_a_full_window_without_a_whole_segment_commits_all_but_its_last_5_s(comp
 def words(text: str, start_ms: int, step_ms: int = 300) -> list[Word]:
     return [Word(f" {w}", start_ms + i * step_ms, start_ms + (i + 1) * step_ms)
             for i, w in enumerate(text.split())]
+
+
+def read_partials(stream: Stream, said: list[Word], rest_ms: int,
+                  readings: list[tuple[int, str]]) -> EngineOutput:
+    """Partial decodes of the stream's window to each end (ms), each reading `said` and then
+    its rest of the words from `rest_ms` -> the last one's output."""
+    for end_ms, rest in readings:
+        stream.request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", said + words(rest, rest_ms), final=False))
+    return out
 
 
 def speech_stream(runs_ms: list[tuple[int, int]], background: bool = False, seconds: int = 0) -> Stream:
@@ -274,17 +284,41 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
     # a sentence that began over 5 s before the committed end: cut at the committed end
     assert new_window_start(long, Action.AGREE, committed_end, sentence_start=ms_to_positions(9_000)) \
         == committed_end
+    # ... unless the committed words end inside it: no cut until a phrase's end or start
+    assert new_window_start(long, Action.AGREE, committed_end, sentence_start=ms_to_positions(9_000),
+                            mid_phrase=True) is None
+    assert new_window_start(long, Action.AGREE, committed_end, mid_phrase=True) is None
+    assert new_window_start(long, Action.AGREE, committed_end, sentence_start=ms_to_positions(13_300),
+                            mid_phrase=True) == ms_to_positions(13_300)
+    full = facts(start=0, end=MAX_WINDOW_POSITIONS, complete=1400)
+    assert new_window_start(full, Action.WHOLE, committed_end, mid_phrase=True) == 1400
+    silent = facts(start=100, end=100 + FORCE_KEEP_POSITIONS + 1, silence=True)
+    assert new_window_start(silent, Action.AGREE, 0, mid_phrase=True) == 101
 
     stream = speech_stream([(0, 20_000)], seconds=20)
     request = stream.request
     said = words("leave it covered for an hour until it has doubled in size. Then", 4_000, 800)
-    for end_ms, rest in ((15_800, "shape the loaf"), (16_800, "shaped a loaf")):
-        request.num_decoded_positions = ms_to_positions(end_ms)
-        out = stream.apply(WindowResult("s", said + words(rest, 15_000), final=False))
+    out = read_partials(stream, said, 15_000, [(15_800, "shape the loaf"), (16_800, "shaped a loaf")])
     assert [w.text for w in out.committed][-2:] == [" size.", " Then"]
     size, then = out.committed[-2:]
     assert ms_to_positions(size.start_ms) <= request.window_start <= ms_to_positions(then.start_ms - 400)
     assert stream.policy.num_window_committed == 2  # "size. Then" are read again, not in the prompt
+
+
+def test_a_long_partial_read_with_no_punctuation_is_not_cut_inside_a_phrase():
+    """Run-on speech, read with no full stop or comma: cut after "from a broken gate to",
+    Whisper read the next window from the sentence after "a leaking roof. Nobody on a farm
+    ever complains of being bored." on. The window waits for a phrase's start to cut at."""
+    stream = speech_stream([(0, 30_000)], seconds=30)
+    request = stream.request
+    said = words("in the afternoon there is always something to repair from a broken gate to", 1_000, 1_000)
+    out = read_partials(stream, said, 17_000, [(18_000, "a leaking"), (19_000, "a leaking roof")])
+    assert out.committed[-1].text == " leaking" and request.window_start == 0
+    rest = "a leaking roof. Nobody on a farm ever complains of being bored"
+    out = read_partials(stream, said, 17_000, [(25_000, rest), (26_000, rest)])  # 8 s uncommitted: agreed
+    roof, nobody = out.committed[:2]
+    assert [roof.text, nobody.text] == [" roof.", " Nobody"] and not out.committed[-1].ends_phrase
+    assert ms_to_positions(roof.start_ms) <= request.window_start <= ms_to_positions(nobody.start_ms)
 
 
 def test_a_sentence_cut_starts_before_a_first_word_the_alignment_starts_late():
