@@ -24,7 +24,7 @@ Tokenizer = Any  # engine.model.tokenizer.Tokenizer: decode(), id_to_token
 MAX_MEDIAN_WORD_MS = 700
 SENTENCE_ENDS = (".", "!", "?")
 CLAUSE_ENDS = (",", ";", ":")
-CLOSERS = "\"')]}\u201d\u2019"  # a quote or bracket after the mark: `said."`, `(yes).`
+CLOSERS = "\"')]}\u201d\u2019"  # a quote or bracket after the mark: `said."`, `(really?)`
 
 
 @dataclass
