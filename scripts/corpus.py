@@ -645,6 +645,15 @@ def gap_clip(name: str, seed: int, quick: bool, first: int, long_gaps: list[floa
     return layout(name, name, pieces, pauses)
 
 
+def voiced_passages(passages: list[tuple[str, ...]], rng: random.Random) -> list[list[Piece]]:
+    """Each passage's sentences, read by a voice of its own."""
+    groups = []
+    for passage in passages:
+        voice = random_voice(rng)
+        groups.append([tts_piece(t, voice) for t in passage])
+    return groups
+
+
 def close_pauses(seed: int, quick: bool) -> list[Clip]:
     """Passages, one voice each, whose sentences follow each other after 0.12-0.35 s
     (pauses-short) or 0.03-0.08 s (run-on): pauses too short for a VAD to end speech at."""
@@ -652,10 +661,7 @@ def close_pauses(seed: int, quick: bool) -> list[Clip]:
     for name, first, low, high in (("pauses-short", 15, 0.12, 0.35), ("run-on", 21, 0.03, 0.08)):
         rng = voices_rng(seed, name)
         passages = [PASSAGES[first][:3]] if quick else list(PASSAGES[first : first + 6])
-        pieces = []
-        for passage in passages:
-            voice = random_voice(rng)
-            pieces += [tts_piece(t, voice) for t in passage]
+        pieces = [p for group in voiced_passages(passages, rng) for p in group]
         out.append(layout(name, name, pieces, [rng.uniform(low, high) for _ in pieces[1:]]))
     return out
 
@@ -664,10 +670,7 @@ def long_session(seed: int, quick: bool, real: dict[str, Piece]) -> Clip:
     """Passage after passage, one voice each, the Austen passages among them; 1.5 s pauses."""
     rng = voices_rng(seed, "long-session")
     passages = [PASSAGES[12][:4], PASSAGES[13][:2]] if quick else list(PASSAGES[6:30])
-    groups: list[list[Piece]] = []
-    for passage in passages:
-        voice = random_voice(rng)
-        groups.append([tts_piece(t, voice) for t in passage])
+    groups = voiced_passages(passages, rng)
     austen = ["austen-0880"] if quick else [f"austen-{c}" for c in AUSTEN]
     groups.insert(len(groups) // 2, [real[k] for k in austen])
     if not quick:

@@ -171,13 +171,13 @@ def test_long_gaps_abrupt_ends_and_the_long_session(built):
     assert len({s["speaker"] for s in long["sentences"]}) >= 3
 
 
-
 def test_close_pauses_are_as_short_as_their_condition_says(built):
     clip = by_name(built)
     for name, low, high in (("pauses-short", 0.12, 0.35), ("run-on", 0.03, 0.08)):
         sentences = clip[name][0]["sentences"]
         pauses = [b["onset"] - a["end"] for a, b in zip(sentences, sentences[1:], strict=False)]
         assert len(pauses) >= 2 and all(low - 1e-3 <= p <= high + 1e-3 for p in pauses), (name, pauses)
+
 
 def test_the_build_is_deterministic(built):
     folder, _ = built

@@ -183,7 +183,6 @@ def test_a_word_after_punctuation_with_no_pause_starts_where_the_word_before_end
     assert far.start_ms == 5200 + LAG_MS + 100
 
 
-
 def test_a_mark_before_a_closing_quote_or_bracket_still_ends_the_phrase():
     assert Word(' said."', 0, 1).ends_sentence and Word(" (really)?", 0, 1).ends_sentence
     assert Word(" it),", 0, 1).ends_clause and Word(" \u201cno,\u201d", 0, 1).ends_phrase
@@ -192,6 +191,7 @@ def test_a_mark_before_a_closing_quote_or_bracket_still_ends_the_phrase():
     end, run_on = Word(' corridor."', 1500, 2000), Word(" The", 2250, 2500)
     speech.fit([end, run_on])
     assert run_on.start_ms == 2000
+
 
 def test_sentences_spoken_with_little_or_no_pause_between_keep_their_onsets():
     """Run-on speech (0.04 s between sentences) and short pauses (0.2 s), by turns: the first
