@@ -8,6 +8,8 @@ equals the computation over a whole window.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -22,6 +24,10 @@ LOWEST_LOG_FLOOR = -11.0  # its lower bound
 FLOOR_STEP = 0.25  # floors are rounded to this: few distinct item hashes
 PAUSE_ITEMS = 4  # 320 ms without speech end an utterance (see LogFloor)
 UTTERANCE_MARGIN = 1.0  # 10 dB (log10 power): an utterance this much under the session's loudest
+NOMINAL_LEVEL = 0.0  # log10 mel power: speech's loudest level 10 dB under a usual one (-33 dBFS RMS)
+MAX_GAIN = 3.6  # 36 dB (log10 power): the most quiet speech is brought up
+GAIN_ATTACK = 0.25  # 2.5 dB: the most the gain rises from one item to the next
+GAIN_HOLD_ITEMS = 6  # 480 ms: an utterance's speech before the gain may rise
 
 
 class AudioFramer:
@@ -80,7 +86,15 @@ class AudioFramer:
 
 
 class LogFloor:
-    """A session's log-mel clamp floor, item by item.
+    """A session's log-mel gain and clamp floor, item by item.
+
+    Whisper reads quiet speech worse than the same speech at a usual level: its features
+    are absolute log power, learned from speech at usual levels (docs/evaluation.md, Quiet
+    speech brought up). So an item's audio is brought up by the gain that puts the level
+    its floor counts from near `NOMINAL_LEVEL` (`gain`: never over it, at most `MAX_GAIN`,
+    never down, none before the first speech: noise alone is not brought up), and its floor
+    is counted in that audio. The model reads a quiet microphone as a usual one; the VAD,
+    the speech tracking and the levels read the audio as it came.
 
     Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
     counts from the loudest level speech could hold (`loudest_levels`: held 40 ms, over 75
@@ -89,22 +103,39 @@ class LogFloor:
     from the microphone after a near one, or after a loud tone, then keeps its own range
     (counted from the loudest sound of the session, the floor would clip its quiet bins
     away). A pause holds the last utterance's floor (silence is not drawn deeper than the
-    speech around it). The floor is causal and each item's features depend on its samples
-    and its floor alone (both in its hash). Bounded: loud speech (loudest bins near 1) gives
-    the upper bound, -7; speech 30 dB quieter about -10, where a fixed -7 clipped half of
-    its range away."""
+    speech around it). The floor is causal and each item's features depend on its samples,
+    its gain and its floor alone (all in its hash). Bounded: loud speech (loudest bins near
+    1) gives the upper bound, -7; speech brought up about -8."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
         self.loudest = -np.inf  # the session's, log10 mel power
         self.utterance: float | None = None  # the current or last utterance's (None: no speech yet)
         self.quiet_items = 0  # items without speech since the last speech: PAUSE_ITEMS end it
+        self.last_gain = 0.0  # the last item's gain, log10 power
+        self.utterance_items = 0  # items of speech in the current or last utterance
 
-    def push(self, level: float, speech: bool) -> float:
+    def push(self, level: float, speech: bool) -> tuple[float, float]:
         """The next item's loudest level (`item_levels`) and whether the VAD heard speech in
-        it -> its floor."""
-        floor = round((self.next_level(level, speech) - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
-        return min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
+        it -> (its gain, log10 power: the samples times 10 ** (gain / 2); its floor)."""
+        level = self.next_level(level, speech)
+        gain = self.gain(level)
+        floor = round((level + gain - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
+        return gain, min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
+
+    def gain(self, level: float) -> float:
+        """The next item's gain, its floor counting from `level`: up to `NOMINAL_LEVEL` and not
+        over it, once the session has speech, in the floors' steps (few distinct item hashes). It falls at
+        once; it rises by `GAIN_ATTACK` an item at most, and only once the utterance has been
+        heard for `GAIN_HOLD_ITEMS`: the level is causal, counted from an utterance's first
+        items before its loudest, and a session's first second at a usual level, or each
+        utterance's quiet onset, would be brought up far over the rest of it."""
+        target = 0.0
+        if self.utterance is not None:
+            target = math.floor(min(max(NOMINAL_LEVEL - level, 0.0), MAX_GAIN) / FLOOR_STEP) * FLOOR_STEP
+        rise = GAIN_ATTACK if self.utterance_items >= GAIN_HOLD_ITEMS else 0.0
+        self.last_gain = min(target, self.last_gain + rise)
+        return self.last_gain
 
     def next_level(self, level: float, speech: bool) -> float:
         """The next item's loudest level and whether the VAD heard speech in it -> the level
@@ -112,8 +143,9 @@ class LogFloor:
         self.loudest = max(self.loudest, level)
         if speech:
             if self.utterance is None or self.quiet_items >= PAUSE_ITEMS:
-                self.utterance = level  # a new utterance
+                self.utterance, self.utterance_items = level, 0  # a new utterance
             self.quiet_items = 0
+            self.utterance_items += 1
         else:
             self.quiet_items += 1
         if self.utterance is None:
@@ -123,27 +155,35 @@ class LogFloor:
         return min(self.loudest, self.utterance + UTTERANCE_MARGIN)
 
 
-def item_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n_mels: int = 80,
-                bounded: bool = True) -> np.ndarray:
+def item_gain_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n_mels: int = 80,
+                     bounded: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(n,) float32 samples of a whole input and the VAD's (chunks,) probabilities of them ->
-    (items,) the floors streaming gives their items (the last one padded with silence, as a
-    flush pads it); not `bounded`, the levels they count from less 80 dB, neither rounded
-    nor bounded, as Whisper's floor is."""
+    (items,) gains and (items,) floors that streaming gives their items (`LogFloor`; the last
+    one padded with silence, as a flush pads it); not `bounded`, the floors are the levels
+    they count from, brought up by the gain, less 80 dB, neither rounded nor bounded, as
+    Whisper's floor is."""
     speech = item_speech(probs, -(-samples.size // ITEM_SAMPLES), ITEM_SAMPLES, threshold)
     framer, log_floor = AudioFramer(), LogFloor(n_mels)
+    gains: list[float] = []
     floors: list[float] = []
 
     def add(contexts: list[np.ndarray]) -> None:
         for level in item_levels(contexts, n_mels) if contexts else []:
             is_speech = speech[len(floors)]
-            floors.append(log_floor.push(level, is_speech) if bounded
-                          else log_floor.next_level(level, is_speech) - DYNAMIC_RANGE)
+            if bounded:
+                gain, floor = log_floor.push(level, is_speech)
+            else:
+                level = log_floor.next_level(level, is_speech)
+                gain = log_floor.gain(level)
+                floor = level + gain - DYNAMIC_RANGE
+            gains.append(gain)
+            floors.append(floor)
 
     piece = 128 * ITEM_SAMPLES  # seconds at a time: an hour's contexts at once are gigabytes
     for at in range(0, samples.size, piece):
         add(framer.push(samples[at : at + piece]))
     add(framer.flush())
-    return np.asarray(floors, dtype=np.float32)
+    return np.asarray(gains, dtype=np.float32), np.asarray(floors, dtype=np.float32)
 
 
 def item_levels(contexts: list[np.ndarray], n_mels: int = 80) -> list[float]:

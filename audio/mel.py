@@ -84,7 +84,7 @@ def log_mel_spectrogram(audio: torch.Tensor, n_mels: int = 80, padding: int = 0,
     """(n,) float32 16 kHz -> (n_mels, (n + padding) // 160), exactly as openai/whisper.
 
     The clamp floor is the loudest bin of the whole input minus 80 dB, or each frame's of
-    `floors` (frames,) (streaming's, audio.frames.item_floors; the last one holds on)."""
+    `floors` (frames,) (streaming's, audio.frames.item_gain_floors; the last one holds on)."""
     if padding > 0:
         audio = torch.nn.functional.pad(audio, (0, padding))
     log_spec = log_mel_power(audio, n_mels)

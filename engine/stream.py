@@ -272,15 +272,16 @@ class Stream:
 
     def add_items(self, ready: list[tuple[np.ndarray, bool]], levels: list[float]) -> None:
         """`listen`'s items and their loudest levels (`item_levels`) -> items on the timeline,
-        each with its log-mel floor (which depends on the VAD's decision, LogFloor); track
-        their speech."""
+        each brought up by its gain, with its log-mel floor (both depend on the VAD's decision,
+        LogFloor); track their speech."""
         request, size = self.request, self.config.item_samples
         for (context, speech), level in zip(ready, levels, strict=True):
             item = request.num_items
-            floor = self.floor.push(level, speech)
-            request.mm_features.append(MMFeature(item_hash(context, floor, self.key),
+            gain, floor = self.floor.push(level, speech)
+            heard = context * np.float32(10 ** (gain / 2)) if gain else context  # as the model hears it
+            request.mm_features.append(MMFeature(item_hash(heard, floor, self.key),
                                                  PlaceholderRange(request.num_positions, self.item_positions),
-                                                 (context, floor)))
+                                                 (heard, floor)))
             samples = context[CONTEXT_BEFORE : CONTEXT_BEFORE + size]
             self._track_speech(item, speech, float(level_db(samples - samples.mean())))
 

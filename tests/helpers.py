@@ -154,13 +154,31 @@ def after_loud_sound(samples, sound: str) -> np.ndarray:
     return np.concatenate([lead.astype(np.float32), silence, np.asarray(samples, np.float32)])
 
 
-def floors_of(samples: np.ndarray) -> np.ndarray:
-    """(n,) float32 samples -> (items,) their log-mel floors, as offline and streaming give them."""
-    from audio.frames import item_floors
+def gain_floors_of(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n,) float32 samples -> (items,) their gains and (items,) log-mel floors, as offline and
+    streaming give them."""
+    from audio.frames import item_gain_floors
     from audio.vad import SpeechDetector
     from engine.config import EngineConfig
 
-    return item_floors(samples, SpeechDetector().push(samples), EngineConfig.vad_threshold)
+    return item_gain_floors(samples, SpeechDetector().push(samples), EngineConfig.vad_threshold)
+
+
+def floors_of(samples: np.ndarray) -> np.ndarray:
+    """(n,) float32 samples -> (items,) their log-mel floors, as offline and streaming give them."""
+    return gain_floors_of(samples)[1]
+
+
+def heard_items(samples: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
+    """(n,) float32 samples -> the contexts of its whole items as the model hears them
+    (brought up by their gains) and their floors: what a stream hashes."""
+    from audio.frames import AudioFramer
+
+    contexts = AudioFramer().push(samples)
+    gains, floors = gain_floors_of(samples)
+    gains = gains.tolist()[: len(contexts)]  # (the flush's item is not whole)
+    return ([c * np.float32(10 ** (g / 2)) if g else c for c, g in zip(contexts, gains, strict=True)],
+            floors.tolist()[: len(contexts)])
 
 
 def stream_turns(samples: np.ndarray, threshold: float = 0.5, silence_ms: int = 500,

@@ -14,7 +14,9 @@ import torch
 from app.engine_loop import EngineLoop
 from app.metrics import Metrics
 from audio.frames import (
+    FLOOR_STEP,
     ITEM_SAMPLES,
+    NOMINAL_LEVEL,
     STREAM_LOG_FLOOR,
     UTTERANCE_MARGIN,
     AudioFramer,
@@ -45,7 +47,8 @@ from tests.helpers import (
     concatenated,
     fail_decodes,
     faint_noisy_speech,
-    floors_of,
+    gain_floors_of,
+    heard_items,
     librivox_path,
     speech_onset_ms,
     transcripts,
@@ -120,20 +123,21 @@ def test_a_quiet_voice_after_a_loud_sound_keeps_its_own_log_mel_floor(db, sound)
     """Counted from the loudest sound of the session (offline, of the file), the log-mel floor
     lay over a voice 30 dB under a loud one before it, or 40 dB under a loud beep: most of its
     range clamped away. An utterance more than 10 dB under the session's loudest counts from
-    its own loudest level (plus those 10 dB), as it would alone. Streaming (the audio in
-    uneven pieces, each item made once the VAD has heard it) and offline (`item_floors`) give
-    every item the same floor."""
+    its own loudest level (plus those 10 dB), as it would alone: it is brought up by at least
+    the gain it would have alone less those 10 dB, and its floor is then counted as for speech
+    at a normal level. Streaming (the audio in uneven pieces, each item made once the VAD has
+    heard it) and offline (`item_gain_floors`) give every item the same gain and floor."""
     quiet = (audio(librivox_path("0870")).numpy() * 10 ** (db / 20)).astype(np.float32)
     samples = after_loud_sound(quiet, sound)
     lead = samples.size - quiet.size
     alone = np.concatenate([np.zeros(lead, np.float32), quiet])
 
-    floors, floors_alone = floors_of(samples), floors_of(alone)
-    # its items from a second in (the VAD has heard it by then)
-    voice = slice((lead + speech_onset_ms(quiet) * 16 + 16000) // ITEM_SAMPLES, None)
-    loud = floors[: lead // ITEM_SAMPLES].max()
-    assert loud >= STREAM_LOG_FLOOR - 0.5 and floors[voice].max() <= loud - 1.5
-    assert np.all(floors[voice] <= floors_alone[voice] + UTTERANCE_MARGIN)
+    (gains, floors), (gains_alone, _) = gain_floors_of(samples), gain_floors_of(alone)
+    # its items from two seconds in (the VAD has heard it by then, and the gain has risen)
+    voice = slice((lead + speech_onset_ms(quiet) * 16 + 32000) // ITEM_SAMPLES, None)
+    assert floors[: lead // ITEM_SAMPLES].max() >= STREAM_LOG_FLOOR - 0.5
+    assert gains[voice].min() >= 0.5 and np.all(gains[voice] >= gains_alone[voice] - UTTERANCE_MARGIN)
+    assert np.all(floors[voice] >= NOMINAL_LEVEL - DYNAMIC_RANGE - UTTERANCE_MARGIN - FLOOR_STEP)
 
     stream = Stream("s", EngineConfig(), hash_key("model", ITEM_SAMPLES), 0)
     rng, at = np.random.default_rng(0), 0
@@ -145,6 +149,9 @@ def test_a_quiet_voice_after_a_loud_sound_keeps_its_own_log_mel_floor(db, sound)
     stream.finish()
     stream.hear(detect([stream.vad], [stream.take_unheard()])[0])
     assert [f.data[1] for f in stream.request.mm_features] == floors.tolist()
+    contexts, _ = heard_items(samples)
+    for feature, context in zip(stream.request.mm_features, contexts, strict=False):
+        np.testing.assert_allclose(feature.data[0], context, rtol=1e-6)
 
 
 def test_streaming_matches_offline_transcription():

@@ -23,13 +23,13 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from app.replay import result_words, transcript
-from audio.frames import AudioFramer, item_log_mel
+from audio.frames import item_log_mel
 from engine.config import EngineConfig
 from engine.model.transcribe import transcribe
 from engine.stream import hash_key, item_hash
 from engine.worker import WorkerError
 from scripts.wer import word_errors
-from tests.helpers import audio, bundle, fail_decodes, floors_of, librivox_path, transcripts
+from tests.helpers import audio, bundle, fail_decodes, heard_items, librivox_path, transcripts
 from tests.server_client import (
     finals_text,
     g711,
@@ -420,8 +420,7 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
     async with running_server(tmp_path, EngineConfig(worker_process=True)) as server:
         engine = server.engine
         # the clip's items, processed outside the server (as a client sending log-mel would)
-        contexts = AudioFramer(engine.config.item_samples).push(samples.numpy())
-        floors = floors_of(samples.numpy()).tolist()[: len(contexts)]
+        contexts, floors = heard_items(samples.numpy())  # (as the stream brings them up)
         key = hash_key(engine.bundle.model_id, engine.config.item_samples)
         hashes = [item_hash(c, f, key) for c, f in zip(contexts, floors, strict=True)]
         engine.inject(hashes, list(item_log_mel(torch.from_numpy(np.stack(contexts)), 80,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from audio.frames import ITEM_SAMPLES, item_floors
+from audio.frames import ITEM_SAMPLES, item_gain_floors
 from audio.mel import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from audio.vad import SpeechDetector
 from engine.config import EngineConfig
@@ -189,6 +189,12 @@ def _window_frames(speech: SpeechMap, seek: int, content_frames: int) -> int:
     return max(INPUT_STRIDE, min(frames, end - seek))
 
 
+def _item_gains(gains: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """(items,) gains (log10 power) -> (num_samples,) each sample's amplitude factor."""
+    amp = (10.0 ** (gains / 2)).repeat_interleave(ITEM_SAMPLES)
+    return torch.cat([amp, amp[-1:].expand(max(num_samples - amp.numel(), 0))])[:num_samples]
+
+
 @torch.inference_mode()
 def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
@@ -199,9 +205,11 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     probs = SpeechDetector().push(samples)
     speech = SpeechMap(VAD_THRESHOLD)
     speech.push(probs)
-    # the log-mel floor of each item, by streaming's rule (audio.frames.LogFloor) without its
-    # bounds: with one voice, Whisper's
-    floors = torch.from_numpy(item_floors(samples, probs, VAD_THRESHOLD, model.dims.n_mels, bounded=False))
+    # the gain and log-mel floor of each item, by streaming's rule (audio.frames.LogFloor)
+    # without its bounds: with one voice at a normal level, Whisper's floor
+    gains, floors = item_gain_floors(samples, probs, VAD_THRESHOLD, model.dims.n_mels, bounded=False)
+    audio = audio * _item_gains(torch.from_numpy(gains), audio.shape[0])
+    floors = torch.from_numpy(floors)
     mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES,
                               floors=floors.repeat_interleave(ITEM_SAMPLES // HOP_LENGTH))
     content_frames = mel.shape[-1] - N_FRAMES
