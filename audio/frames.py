@@ -117,19 +117,25 @@ class LogFloor:
 
     def push(self, level: float, speech: bool) -> tuple[float, float]:
         """The next item's loudest level (`item_levels`) and whether the VAD heard speech in
-        it -> (its gain, log10 power: the samples times 10 ** (gain / 2); its floor)."""
+        it -> (its gain, log10 power: `brought_up`; its floor)."""
+        gain, level = self.step(level, speech)
+        floor = round((level - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
+        return gain, min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
+
+    def step(self, level: float, speech: bool) -> tuple[float, float]:
+        """As `push` -> (its gain; the level its floor counts from, brought up by the gain,
+        unbounded)."""
         level = self.next_level(level, speech)
         gain = self.gain(level)
-        floor = round((level + gain - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
-        return gain, min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
+        return gain, level + gain
 
     def gain(self, level: float) -> float:
         """The next item's gain, its floor counting from `level`: up to `NOMINAL_LEVEL` and not
-        over it, once the session has speech, in the floors' steps (few distinct item hashes). It falls at
-        once; it rises by `GAIN_ATTACK` an item at most, and only once the utterance has been
-        heard for `GAIN_HOLD_ITEMS`: the level is causal, counted from an utterance's first
-        items before its loudest, and a session's first second at a usual level, or each
-        utterance's quiet onset, would be brought up far over the rest of it."""
+        over it, once the session has speech, in the floors' steps (few distinct item
+        hashes). It falls at once; it rises by `GAIN_ATTACK` an item at most, and only once
+        the utterance has been heard for `GAIN_HOLD_ITEMS`: the level is causal, counted from
+        an utterance's first items before its loudest, and a session's first second at a
+        usual level, or each utterance's quiet onset, would be brought up far over the rest."""
         target = 0.0
         if self.utterance is not None:
             target = math.floor(min(max(NOMINAL_LEVEL - level, 0.0), MAX_GAIN) / FLOOR_STEP) * FLOOR_STEP
@@ -173,9 +179,8 @@ def item_gain_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n
             if bounded:
                 gain, floor = log_floor.push(level, is_speech)
             else:
-                level = log_floor.next_level(level, is_speech)
-                gain = log_floor.gain(level)
-                floor = level + gain - DYNAMIC_RANGE
+                gain, level = log_floor.step(level, is_speech)
+                floor = level - DYNAMIC_RANGE
             gains.append(gain)
             floors.append(floor)
 
@@ -184,6 +189,16 @@ def item_gain_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n
         add(framer.push(samples[at : at + piece]))
     add(framer.flush())
     return np.asarray(gains, dtype=np.float32), np.asarray(floors, dtype=np.float32)
+
+
+def amplitude(gain: float | torch.Tensor) -> float | torch.Tensor:
+    """A gain in log10 power (a float, or a tensor of them) -> the factor on the samples."""
+    return 10.0 ** (gain / 2)
+
+
+def brought_up(context: np.ndarray, gain: float) -> np.ndarray:
+    """An item's PCM context as the model hears it, brought up by its gain (`LogFloor`)."""
+    return context * np.float32(amplitude(gain)) if gain else context
 
 
 def item_levels(contexts: list[np.ndarray], n_mels: int = 80) -> list[float]:

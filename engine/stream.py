@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from audio.frames import CONTEXT_BEFORE, AudioFramer, LogFloor, item_levels
+from audio.frames import CONTEXT_BEFORE, AudioFramer, LogFloor, brought_up, item_levels
 from audio.pauses import PauseTracker
 from audio.vad import (
     CHUNK_SAMPLES,
@@ -278,7 +278,7 @@ class Stream:
         for (context, speech), level in zip(ready, levels, strict=True):
             item = request.num_items
             gain, floor = self.floor.push(level, speech)
-            heard = context * np.float32(10 ** (gain / 2)) if gain else context  # as the model hears it
+            heard = brought_up(context, gain)
             request.mm_features.append(MMFeature(item_hash(heard, floor, self.key),
                                                  PlaceholderRange(request.num_positions, self.item_positions),
                                                  (heard, floor)))

@@ -172,12 +172,12 @@ def floors_of(samples: np.ndarray) -> np.ndarray:
 def heard_items(samples: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
     """(n,) float32 samples -> the contexts of its whole items as the model hears them
     (brought up by their gains) and their floors: what a stream hashes."""
-    from audio.frames import AudioFramer
+    from audio.frames import AudioFramer, brought_up
 
     contexts = AudioFramer().push(samples)
     gains, floors = gain_floors_of(samples)
     gains = gains.tolist()[: len(contexts)]  # (the flush's item is not whole)
-    return ([c * np.float32(10 ** (g / 2)) if g else c for c, g in zip(contexts, gains, strict=True)],
+    return ([brought_up(c, g) for c, g in zip(contexts, gains, strict=True)],
             floors.tolist()[: len(contexts)])
 
 

@@ -237,12 +237,12 @@ def test_quiet_speech_is_brought_up_to_a_normal_level_for_the_model():
     gives the model the same features as at that level, where a fixed floor clipped most of
     its range away. The gain rises 2.5 dB an item at most, and with one voice it never rises
     once it has risen."""
-    from audio.frames import NOMINAL_LEVEL, STREAM_LOG_FLOOR
+    from audio.frames import NOMINAL_LEVEL, STREAM_LOG_FLOOR, amplitude
     from audio.mel import log_mel_power, loudest_levels
 
     samples = audio(librivox_path("0870")).numpy()
     level = float(loudest_levels(log_mel_power(torch.from_numpy(samples))))
-    samples = samples * 10 ** ((NOMINAL_LEVEL - level) / 2)  # its loudest at the normal level
+    samples = samples * amplitude(NOMINAL_LEVEL - level)  # its loudest at NOMINAL_LEVEL
     features, gains = {}, {}
     for db in (0, -20, -30):
         x = (samples * 10 ** (db / 20)).astype(np.float32)

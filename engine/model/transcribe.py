@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from audio.frames import ITEM_SAMPLES, item_gain_floors
+from audio.frames import ITEM_SAMPLES, amplitude, item_gain_floors
 from audio.mel import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from audio.vad import SpeechDetector
 from engine.config import EngineConfig
@@ -191,7 +191,7 @@ def _window_frames(speech: SpeechMap, seek: int, content_frames: int) -> int:
 
 def _item_gains(gains: torch.Tensor, num_samples: int) -> torch.Tensor:
     """(items,) gains (log10 power) -> (num_samples,) each sample's amplitude factor."""
-    amp = (10.0 ** (gains / 2)).repeat_interleave(ITEM_SAMPLES)
+    amp = amplitude(gains).repeat_interleave(ITEM_SAMPLES)
     return torch.cat([amp, amp[-1:].expand(max(num_samples - amp.numel(), 0))])[:num_samples]
 
 
