@@ -114,6 +114,7 @@ class LogFloor:
         self.quiet_items = 0  # items without speech since the last speech: PAUSE_ITEMS end it
         self.last_gain = 0.0  # the last item's gain, log10 power
         self.utterance_items = 0  # items of speech in the current or last utterance
+        self.utterances = 0  # utterances begun
 
     def push(self, level: float, speech: bool) -> tuple[float, float]:
         """The next item's loudest level (`item_levels`) and whether the VAD heard speech in
@@ -132,14 +133,20 @@ class LogFloor:
     def gain(self, level: float) -> float:
         """The next item's gain, its floor counting from `level`: up to `NOMINAL_LEVEL` and not
         over it, once the session has speech, in the floors' steps (few distinct item
-        hashes). It falls at once; it rises by `GAIN_ATTACK` an item at most, and only once
-        the utterance has been heard for `GAIN_HOLD_ITEMS`: the level is causal, counted from
-        an utterance's first items before its loudest, and a session's first second at a
-        usual level, or each utterance's quiet onset, would be brought up far over the rest."""
+        hashes). It falls at once. In the session's first utterance it rises at once too:
+        nothing was heard at another gain before it, and heard fading in (its onset as it
+        came, the rest rising) a quiet session's first words are lost. After it, the gain
+        rises by `GAIN_ATTACK` an item at most, and only once the utterance has been heard
+        for `GAIN_HOLD_ITEMS`: the level is causal, counted from an utterance's first items
+        before its loudest, and each quiet onset after speech at a usual level would be
+        brought up far over the speech around it."""
         target = 0.0
         if self.utterance is not None:
             target = math.floor(min(max(NOMINAL_LEVEL - level, 0.0), MAX_GAIN) / FLOOR_STEP) * FLOOR_STEP
-        rise = GAIN_ATTACK if self.utterance_items >= GAIN_HOLD_ITEMS else 0.0
+        if self.utterances == 1:
+            rise = math.inf
+        else:
+            rise = GAIN_ATTACK if self.utterance_items >= GAIN_HOLD_ITEMS else 0.0
         self.last_gain = min(target, self.last_gain + rise)
         return self.last_gain
 
@@ -150,6 +157,7 @@ class LogFloor:
         if speech:
             if self.utterance is None or self.quiet_items >= PAUSE_ITEMS:
                 self.utterance, self.utterance_items = level, 0  # a new utterance
+                self.utterances += 1
             self.quiet_items = 0
             self.utterance_items += 1
         else:

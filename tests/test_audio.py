@@ -264,6 +264,35 @@ def test_quiet_speech_is_brought_up_to_a_normal_level_for_the_model():
     assert clipped_by_fixed_floor > 0.5
 
 
+def test_a_quiet_sessions_first_words_are_brought_up_with_the_rest():
+    """A session's first utterance is brought up from its first item of speech: heard fading
+    in (its first 480 ms as it came, then 2.5 dB more an item), Whisper lost a quiet
+    session's first words. A later utterance, after speech heard at the gain before, still
+    waits for its level before the gain rises."""
+    from audio.frames import NOMINAL_LEVEL, amplitude
+    from audio.mel import log_mel_power, loudest_levels
+    from audio.vad import item_speech
+    from engine.config import EngineConfig
+
+    clip = audio(librivox_path("0870")).numpy()
+    level = float(loudest_levels(log_mel_power(torch.from_numpy(clip))))
+    quiet = (clip * amplitude(NOMINAL_LEVEL - level - 2.5)).astype(np.float32)  # 25 dB under
+    loud = clip * amplitude(NOMINAL_LEVEL - level + 1.0)
+    pause = np.zeros(16000, np.float32)
+    for first in (quiet, np.concatenate([loud, pause, quiet])):
+        gains, _ = gain_floors_of(first)
+        speech = item_speech(SpeechDetector().push(first), gains.size, ITEM_SAMPLES,
+                             EngineConfig.vad_threshold)
+        onset = speech.index(True)
+        assert np.all(gains[:onset] == 0)
+        if first is quiet:  # every item of its speech heard at least at the gain it ends with
+            assert gains[-1] >= 2.0 and np.all(gains[onset:] >= gains[-1])
+        else:  # the quiet utterance after the loud one: held, then rising an item at a time
+            at = loud.size // ITEM_SAMPLES + speech[loud.size // ITEM_SAMPLES:].index(True)
+            assert gains[at] == 0 and gains[-1] >= 1.0
+            assert np.all(np.diff(gains[at:at + 12]) <= 0.25)
+
+
 @pytest.mark.parametrize("sound", ["click", "offset"])
 def test_a_click_or_an_offset_sets_neither_the_log_mel_floor_nor_the_vad_gain(sound):
     """Quiet speech (about -74 dBFS) after one click (a microphone's bump: 6 ms near full
