@@ -279,13 +279,13 @@ def test_a_quiet_sessions_first_words_are_brought_up_with_the_rest():
     quiet = (clip * amplitude(NOMINAL_LEVEL - level - 2.5)).astype(np.float32)  # 25 dB under
     loud = clip * amplitude(NOMINAL_LEVEL - level + 1.0)
     pause = np.zeros(16000, np.float32)
-    for first in (quiet, np.concatenate([loud, pause, quiet])):
-        gains, _ = gain_floors_of(first)
-        speech = item_speech(SpeechDetector().push(first), gains.size, ITEM_SAMPLES,
+    for session in (quiet, np.concatenate([loud, pause, quiet])):
+        gains, _ = gain_floors_of(session)
+        speech = item_speech(SpeechDetector().push(session), gains.size, ITEM_SAMPLES,
                              EngineConfig.vad_threshold)
         onset = speech.index(True)
         assert np.all(gains[:onset] == 0)
-        if first is quiet:  # every item of its speech heard at least at the gain it ends with
+        if session is quiet:  # every item of its speech heard at least at the gain it ends with
             assert gains[-1] >= 2.0 and np.all(gains[onset:] >= gains[-1])
         else:  # the quiet utterance after the loud one: held, then rising an item at a time
             at = loud.size // ITEM_SAMPLES + speech[loud.size // ITEM_SAMPLES:].index(True)
