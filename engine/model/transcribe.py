@@ -208,7 +208,8 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
     # the gain and log-mel floor of each item, by streaming's rule (audio.frames.LogFloor)
     # without its bounds: with one voice at a normal level, Whisper's floor
     gains, floors = item_gain_floors(samples, probs, VAD_THRESHOLD, model.dims.n_mels, bounded=False)
-    audio = audio * _item_gains(torch.from_numpy(gains), audio.shape[0])
+    if gains.any():  # (speech at a usual level has none: no copy of the file)
+        audio = audio * _item_gains(torch.from_numpy(gains), audio.shape[0])
     floors = torch.from_numpy(floors)
     mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES,
                               floors=floors.repeat_interleave(ITEM_SAMPLES // HOP_LENGTH))
