@@ -4,8 +4,9 @@
 # python 3.12 with torch; nothing can be downloaded there.
 #   a: the small wheels, Silero's weights, pocketsphinx-testdata, the first 52.5 MB of the model
 #   b: the rest of the model, PyAV, and optionally a baseline tree
-#   c: the SDKs the client tests run (openai, deepgram-sdk and what they need) and the
+#   c: the SDKs the client tests run (openai, deepgram-sdk and what they need), the
 #      espeak-ng / flite outputs of a test run recorded here (VOXTIDE_TTS_CACHE, tts_cache.py)
+#      and the Asterisk prompts the corpus reads (scripts/corpus.py, ivr_prompts)
 # Usage: [VOXTIDE_TTS_CACHE=DIR] scripts/device/prepare.sh [BASELINE_COMMIT]
 # Then, on a warm machine, calls in a row:
 #   run(command="bash scripts/device/run.sh a", carry=[".gpu/a"])
@@ -29,6 +30,9 @@ download .gpu/b --no-deps "av==$(version av)"
 download .gpu/c/whl "openai==$(version openai)" "deepgram-sdk==$(version deepgram-sdk)"  # with their needs
 rm -f .gpu/c/whl/websockets-*  # part a's
 if [ -n "${VOXTIDE_TTS_CACHE:-}" ]; then tar -C "$VOXTIDE_TTS_CACHE" -cJf .gpu/c/tts.tar.xz .; fi
+$PY -c "import sys; sys.path.insert(0, 'scripts'); import corpus
+print(str(corpus.ASTERISK_TEXTS)[1:]); print('\n'.join(str(p)[1:] for p, _ in corpus.ivr_prompts()))" \
+  | tar -C / -cJf .gpu/c/asterisk.tar.xz -T -
 SITE=$($PY -c "import silero_vad, pathlib; print(pathlib.Path(silero_vad.__file__).parent)")
 touch .gpu/a/silero_vad/__init__.py .gpu/a/silero_vad/data/__init__.py
 cp "$SITE/data/silero_vad.jit" .gpu/a/silero_vad/data/  # the only file audio.vad reads

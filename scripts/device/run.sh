@@ -21,7 +21,7 @@ END=$((SECONDS + ${BUDGET:-540}))
 left() { echo $((END - SECONDS)); }
 if [ "${1:-}" = c ]; then
   install .gpu/c/whl/*.whl || exit 1
-  mkdir -p /tmp/tts && tar -xJf .gpu/c/tts.tar.xz -C /tmp/tts
+  mkdir -p /tmp/tts && tar -xJf .gpu/c/tts.tar.xz -C /tmp/tts && tar -xJf .gpu/c/asterisk.tar.xz -C /
   export PATH=$PWD/scripts/device/tts:$PATH VOXTIDE_TTS_CACHE=/tmp/tts VOXTIDE_TEST_DEVICE=cuda OMP_NUM_THREADS=2
   timeout $(left) python3 -m pytest -q -p no:cacheprovider -n 8 --dist loadfile --ignore tests/test_web.py \
     tests 2>&1 | tee $OUT/tests.log | grep -E "passed|failed|FAILED|ERROR" | tail -40
