@@ -17,6 +17,9 @@ TIME_TOLERANCE_MS = 100
 TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found ...
 LONG_TAIL_WORDS = 3  # ... times m for a tail of m words from this many on
 CONTEXT_WORDS = 512  # context words kept before the window: more than a prompt takes
+# two readings' word agrees only where they place it this close (the gap between their times):
+# one reading that passed over seconds of speech times its words where it read them
+AGREE_GAP_MS = 1000
 
 
 def respelled(a: str, b: str) -> bool:
@@ -120,13 +123,14 @@ class LocalAgreement:
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return 4 * sum(w.mid_ms < cutoff for w in hypothesis) >= n
 
-    def sentence_start_ms(self, within_ms: int, lead_ms: int = 400) -> int | None:
+    def sentence_start_ms(self, within_ms: int, lead_ms: int = 200) -> int | None:
         """Where the committed words' unfinished sentence starts, or failing one in their last
         `within_ms`, their unfinished clause (after a comma: run-on speech, read without full
         stops): `lead_ms` before the earlier of its first word's start and the word before's
         end, not before that word starts. Across a pause the VAD cannot hear, the alignment
-        ends the one and starts the other late: a window that starts inside its first word is
-        often read from the next sentence on.
+        may end the one and start the other late (by up to about 0.2 s): a window that starts
+        inside its first word is often read from the next sentence on, and one that starts
+        deep inside the word before reads its tail as words.
         None: the committed words end a sentence, or neither ends in their last `within_ms`
         (the words before are not looked at: a session's committed words grow for hours)."""
         words = self.committed
@@ -160,14 +164,17 @@ class LocalAgreement:
             self.prompt_floor = max(0, self.prompt_floor - drop)
 
     def update(self, hypothesis: list[Word], commit: bool = True) -> PolicyUpdate:
-        """A new hypothesis of the window; `commit=False` only refreshes the tentative tail."""
+        """A new hypothesis of the window; `commit=False` only refreshes the tentative tail.
+        Its words that the previous one read the same and placed near (`AGREE_GAP_MS`) are
+        committed: the same text seconds apart is two readings of different speech (a
+        decode that passed over run-on speech to the sentence at its window's end)."""
         words = self.new_words(hypothesis)
         if not commit:
             self.previous = words
             return PolicyUpdate([], list(words))
         agreed = 0
         for old, new in zip(self.previous, words, strict=False):
-            if old.key != new.key or not new.key:
+            if old.key != new.key or not new.key or not _near(old, new):
                 break
             agreed += 1
         newly = words[:agreed]
@@ -265,3 +272,8 @@ def _num_after(words: list[Word], n: int, start_ms: int) -> int:
     while n > 0 and words[-n].end_ms <= start_ms + TIME_TOLERANCE_MS:
         n -= 1
     return n
+
+
+def _near(a: Word, b: Word) -> bool:
+    """Whether two readings place a word close enough to be one word (`AGREE_GAP_MS`)."""
+    return max(a.start_ms, b.start_ms) - min(a.end_ms, b.end_ms) <= AGREE_GAP_MS

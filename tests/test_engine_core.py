@@ -467,6 +467,25 @@ def test_local_agreement_commits_agreed_words_and_a_final_never_drops_the_tentat
     assert policy.flush([]).committed == []  # nothing tentative left: nothing to commit
 
 
+def test_one_word_read_at_two_places_seconds_apart_is_not_agreement():
+    """Run-on speech: one partial read its window from the start ("the storm arrived"), the
+    next passed over 15 s of it and read the sentence at the window's end ("the planet
+    higher"). Their first words agree in text alone; committed, "the" at 16 s would hold every
+    word the speech before it is read as later (committed times only go forward)."""
+    policy = LocalAgreement()
+    policy.update(words("the storm arrived", 1_000))
+    assert policy.update(words("the planet higher", 16_000)).committed == []
+    assert policy.update(words("the storm arrived in", 1_100)).committed == []
+    update = policy.update(words("the storm arrived in the", 1_000))
+    assert [w.key for w in update.committed] == ["the", "storm", "arrived", "in"]
+    assert update.committed[0].start_ms == 1_000
+    # the alignment's usual spread from one reading to the next is agreement
+    policy = LocalAgreement()
+    policy.update(words("he might even", 0, 300))
+    update = policy.update(words("he might even have", 500, 250))  # placed 0.4-0.5 s later
+    assert [w.key for w in update.committed] == ["he", "might", "even"]
+
+
 def test_only_silence_since_the_last_decode_is_not_decoded_again():
     scheduler = Scheduling(SchedulerConfig(decode_interval=50))
     request = make_request("a", 20)  # 80 positions of speech
