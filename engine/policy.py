@@ -38,6 +38,7 @@ class LocalAgreement:
     def __init__(self) -> None:
         self.committed: list[Word] = []  # all committed words (append-only)
         self.previous: list[Word] = []  # last hypothesis past the committed point
+        self.previous_timed = True  # its words were timed from the audio (`update`)
         self.num_window_committed = 0  # committed words whose audio is in the decode window
         # the committed words as the window's latest decode read them: the prompts' text
         # (`read_window`), and how many of them are the window's
@@ -163,18 +164,22 @@ class LocalAgreement:
             del self.context[:drop]
             self.prompt_floor = max(0, self.prompt_floor - drop)
 
-    def update(self, hypothesis: list[Word], commit: bool = True) -> PolicyUpdate:
+    def update(self, hypothesis: list[Word], commit: bool = True, timed: bool = True) -> PolicyUpdate:
         """A new hypothesis of the window; `commit=False` only refreshes the tentative tail.
         Its words that the previous one read the same and placed near (`AGREE_GAP_MS`) are
         committed: the same text seconds apart is two readings of different speech (a
-        decode that passed over run-on speech to the sentence at its window's end)."""
+        decode that passed over run-on speech to the sentence at its window's end). Places
+        are compared only where both were `timed` from the audio (a decode that may not
+        commit spreads its segment's time over its words by characters)."""
         words = self.new_words(hypothesis)
+        place = timed and self.previous_timed
+        self.previous_timed = timed
         if not commit:
             self.previous = words
             return PolicyUpdate([], list(words))
         agreed = 0
         for old, new in zip(self.previous, words, strict=False):
-            if old.key != new.key or not new.key or not _near(old, new):
+            if old.key != new.key or not new.key or (place and not _near(old, new)):
                 break
             agreed += 1
         newly = words[:agreed]

@@ -602,7 +602,9 @@ class Stream:
         if not plan.counts:  # a loop: neither agreement nor the tail to show
             update = PolicyUpdate([], list(policy.previous))
         else:
-            update = policy.update(words, commit=plan.agree)
+            # (a decode that may commit is timed from the audio: `commit.may_commit`)
+            timed = plan.agree or action is not commit.Action.AGREE
+            update = policy.update(words, commit=plan.agree, timed=timed)
         if action is commit.Action.WHOLE:
             return PolicyUpdate(update.committed + policy.flush(words).committed, [])
         if action is commit.Action.FORCE:

@@ -484,6 +484,11 @@ def test_one_word_read_at_two_places_seconds_apart_is_not_agreement():
     policy.update(words("he might even", 0, 300))
     update = policy.update(words("he might even have", 500, 250))  # placed 0.4-0.5 s later
     assert [w.key for w in update.committed] == ["he", "might", "even"]
+    # a reading that could not commit spread its segment's time by characters: not compared
+    policy = LocalAgreement()
+    policy.update(words("the storm arrived", 1_000, 1_200), commit=False, timed=False)  # " arrived" 3.4 s
+    update = policy.update(words("the storm arrived in", 1_000, 300))
+    assert [w.key for w in update.committed] == ["the", "storm", "arrived"]
 
 
 def test_only_silence_since_the_last_decode_is_not_decoded_again():
