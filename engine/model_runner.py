@@ -89,6 +89,9 @@ class WindowResult:
     # a partial given up for a final that fell due: no words; `tokens` are those decoded so far
     cancelled: bool = False
     looped: bool = False  # the decode kept was caught in a loop (DecodingResult.looped)
+    # its words' times are from the audio (`WindowInput.timed`, the alignment ran), not its
+    # segments' times spread by characters
+    timed: bool = True
 
 
 @dataclass
@@ -350,7 +353,7 @@ class ModelRunner:
                           self.bundle.tokenizer.timestamp_begin)
         return WindowResult(window.request_id, words, window.final, window.preview,
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
-                            tokens=decoded.tokens, looped=decoded.looped)
+                            tokens=decoded.tokens, looped=decoded.looped, timed=starts is not None)
 
 
 def _failed(window: ScheduledWindow, e: Exception) -> WindowResult:

@@ -447,7 +447,7 @@ class Stream:
         else:
             # a live final commits its new words, found once (`new_words`)
             update = PolicyUpdate([], []) if redo else self._commit(
-                plan, new if live_final else words, new=live_final)
+                plan, new if live_final else words, new=live_final, timed=result.timed)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
@@ -589,8 +589,10 @@ class Stream:
         start_ms = max(positions_to_ms(facts.start), self.policy.committed_end_ms)
         return self.speech.unheard(start_ms, end_ms, words, UNHEARD_SPEECH_MS)
 
-    def _commit(self, plan: commit.Plan, words: list[Word], new: bool = False) -> PolicyUpdate:
-        """`new`: a final's words past the committed ones, found (`LocalAgreement.new_words`)."""
+    def _commit(self, plan: commit.Plan, words: list[Word], new: bool = False,
+                timed: bool = True) -> PolicyUpdate:
+        """`new`: a final's words past the committed ones, found (`LocalAgreement.new_words`);
+        `timed`: their times are from the audio (`WindowResult.timed`)."""
         policy, action = self.policy, plan.action
         if action is commit.Action.SHOW:
             # only the audio past the committed words: the tentative tail to show. The policy
@@ -602,8 +604,6 @@ class Stream:
         if not plan.counts:  # a loop: neither agreement nor the tail to show
             update = PolicyUpdate([], list(policy.previous))
         else:
-            # (a decode that may commit is timed from the audio: `commit.may_commit`)
-            timed = plan.agree or action is not commit.Action.AGREE
             update = policy.update(words, commit=plan.agree, timed=timed)
         if action is commit.Action.WHOLE:
             return PolicyUpdate(update.committed + policy.flush(words).committed, [])
