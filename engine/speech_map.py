@@ -103,12 +103,20 @@ class SpeechMap:
         pause = self.pause_after(hole[0], UNHEARD_SPEECH_MS, PAUSE_MS)
         return None if pause is None else min(hole[1], pause + ONSET_PAD_MS)
 
-    def resume_at(self, last_ms: int, end_ms: int) -> int | None:
+    def resume_at(self, last_ms: int, end_ms: int, window_end_ms: int | None = None) -> int | None:
         """Where a window consumed up to `end_ms` goes on after its last word kept (ending at
         `last_ms`) when speech begins between them: before that onset, as a late segment end
-        cuts it off (None: no onset there)."""
+        cuts it off. Given the window's end, also where its decode stopped reading run-on
+        speech (UNHEARD_SPEECH_MS of it past the word, with no pause up to `end_ms`): at the
+        word's end, as the segment's end stretches over the speech not read. None: neither."""
         onset = self.onset_within(last_ms + WORD_SLACK_MS, end_ms)
-        return None if onset is None else max(last_ms, onset - ONSET_PAD_MS)
+        if onset is not None:
+            return max(last_ms, onset - ONSET_PAD_MS)
+        after = end_ms - last_ms
+        if window_end_ms is not None and after > WORD_SLACK_MS and self.speech_ms(last_ms, end_ms) == after \
+                and self.speech_ms(last_ms + WORD_SLACK_MS, window_end_ms) >= UNHEARD_SPEECH_MS:
+            return last_ms
+        return None
 
     def speech_ms(self, start_ms: int, end_ms: int) -> int:
         """How much of [start_ms, end_ms) the VAD heard as speech."""

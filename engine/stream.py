@@ -518,7 +518,8 @@ class Stream:
         final, or a window that skipped from its start, keeps none, and a final to the first
         pause after seconds of that speech is due next (once per window start and pause),
         which reads that audio cut short. A full window then starts before speech that begins
-        after its last word kept: a late segment end cuts off its onset."""
+        after its last word kept (a late segment end cuts off its onset), or at that word's end
+        where its decode stopped reading run-on speech (`SpeechMap.resume_at`)."""
         speech = self.speech
         end_ms = positions_to_ms(facts.end if facts.final else facts.complete or 0)
         hole = self._skipped(facts, end_ms, words)
@@ -537,7 +538,7 @@ class Stream:
             words, end_ms = kept, kept[-1].end_ms
         if facts.final:
             return facts, words, False
-        resume = speech.resume_at(words[-1].end_ms, end_ms) if words else None
+        resume = speech.resume_at(words[-1].end_ms, end_ms, positions_to_ms(facts.end)) if words else None
         if resume is not None:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
@@ -575,9 +576,18 @@ class Stream:
         "She said that tomatoes..." agreed on the sentence after it). Agreement waits; a final
         is retried from its committed end (`commit.retries`: speech past its committed words).
         Speech skipped from the window's start is not read better from the same start: those
-        words are kept as decoded; so is speech at the window's end that no word reads yet."""
-        hole = self._skipped(facts, positions_to_ms(facts.end), words)
-        if hole is None or not commit.may_retry(facts, ms_to_positions(hole[0])):
+        words are kept as decoded; so is speech at the window's end that no word reads yet,
+        but a partial's last word before it: a decode that ends its text seconds of speech
+        short of its window's end stopped early, and the word it ended on often took the
+        speech after it ("story." for "The storm arrived in the middle of the night...", read
+        so by two partials in a row). Its reading of the speech after the word comes later."""
+        end_ms = positions_to_ms(facts.end)
+        hole = self._skipped(facts, end_ms, words)
+        if hole is None:
+            return words
+        if not facts.final and words and hole == (words[-1].end_ms, end_ms):
+            return words[:-1]
+        if not commit.may_retry(facts, ms_to_positions(hole[0])):
             return words
         return [w for w in words if w.end_ms <= hole[0]]
 

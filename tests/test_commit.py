@@ -181,6 +181,20 @@ def test_a_window_cut_at_a_complete_segment_starts_before_the_next_onset():
     assert ms_to_positions(28_400) <= request.window_start <= ms_to_positions(29_200 - ONSET_PAD_MS)
 
 
+def test_a_window_cut_at_a_complete_segment_in_run_on_speech_starts_at_its_last_word():
+    """In run-on speech a full window read to "... dreaming in the new language." (80.5 s)
+    and no further; its segment ended at 81.2 s, and the next window, started there, inside
+    "The storm arrived", read "The first time I've been born". With no pause after the last
+    word, the next window starts where that word ends."""
+    stream = speech_stream([(0, 31_000)], seconds=31)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(30_000)
+    said = words(" ".join(["word"] * 50), 0, 400)  # up to 20 s, then 10 s of speech unread
+    out = stream.apply(WindowResult("s", said, final=False, complete_ms=20_800))
+    assert len(out.committed) == 50
+    assert ms_to_positions(19_920) <= request.window_start <= ms_to_positions(20_000)
+
+
 def test_a_final_ended_early_at_skipped_speech_is_not_ended_there_twice():
     """Where the final cut short reads nothing either (speech too faint for the model), the
     whole final's words are kept as decoded: a window is ended early once per pause. (A live
@@ -225,16 +239,17 @@ def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_wa
 
     stream = speech_stream([(0, 20_000)])
     request = stream.request
-    said = words("she said that tomatoes grow better", 0)
-    loop = said + words("nobody believed that tomatoes grow better " * 3, 2000)
-    request.num_decoded_positions = ms_to_positions(6_000)
+    said = words("she said that tomatoes grow better", 0)  # to 1.8 s
+    loop = said + words("nobody believed that tomatoes grow better " * 3, 2000)  # to 7.4 s
+    request.num_decoded_positions = ms_to_positions(3_000)
     assert stream.apply(WindowResult("s", said, final=False)).committed == []  # agreement needs two
     for end_ms in (7_000, 8_000):
         request.num_decoded_positions = ms_to_positions(end_ms)
         out = stream.apply(WindowResult("s", loop, final=False, looped=True))
         assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in said]
     request.num_decoded_positions = ms_to_positions(9_000)
-    out = stream.apply(WindowResult("s", said + words("nobody believed her", 2000), final=False))
+    after = words("nobody believed her until the plants grew taller than the fence", 2000, 600)
+    out = stream.apply(WindowResult("s", said + after, final=False))
     assert [w.text for w in out.committed] == [w.text for w in said]  # agrees with the last sound one
 
 
@@ -733,10 +748,11 @@ def test_agreement_and_a_live_final_commit_no_word_past_speech_their_decodes_ski
         request.num_decoded_positions = ms_to_positions(end_ms)
         out = stream.apply(WindowResult("s", first + after, final=False))
     assert [w.text for w in out.committed] == [w.text for w in first] and out.tentative == []
-    # speech at the window's end that no word reads yet is no skip
+    # speech at the window's end that no word reads yet is no skip: the words before it
+    # agree, all but the last (`test_a_partial_that_stops_seconds_of_speech_short...`)
     request.num_decoded_positions = ms_to_positions(15_000)
-    stream.apply(WindowResult("s", first + skipped[:2], final=False))
-    out = stream.apply(WindowResult("s", first + skipped[:2], final=False))
+    stream.apply(WindowResult("s", first + skipped[:3], final=False))
+    out = stream.apply(WindowResult("s", first + skipped[:3], final=False))
     assert [w.text for w in out.committed] == [w.text for w in skipped[:2]]
 
     live = speech_stream(runs, seconds=15)
@@ -755,6 +771,32 @@ def test_agreement_and_a_live_final_commit_no_word_past_speech_their_decodes_ski
     again.apply(WindowResult("s", first + after, final=True))
     out = again.apply(WindowResult("s", after, final=True))
     assert [w.text for w in out.committed] == [w.text for w in after]
+
+
+def test_a_partial_that_stops_seconds_of_speech_short_of_its_end_commits_not_its_last_word():
+    """In run-on speech a window cut at "The storm arrived in the middle of the night..." was
+    read "story." and nothing after, over 9 s of speech, by two partials in a row: they agreed,
+    and the final, read right, found "storm" in the committed "story." and dropped "The
+    storm". A decode that ends its text with seconds of VAD speech after its last word stopped
+    early, and that word often took the speech after it: agreement commits the words before it
+    and waits."""
+    stream = speech_stream([(0, 12_000)], seconds=13)
+    request = stream.request
+    for end_ms in (9_000, 10_000, 11_000):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", words("story.", 100, 600), final=False))
+    assert out.committed == [] and stream.policy.committed == []
+    early = words("the storm arrived in", 100, 400)  # to 1.7 s, then stops
+    for end_ms in (11_500, 12_000):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", early, final=False))
+    assert [w.text for w in out.committed] == [w.text for w in early[:3]]
+    # a reading to the window's end commits its last word as agreement does
+    read_on = early + words("the middle of the night and knocked out the power", 1_700, 1_000)
+    for end_ms in (12_500, 13_000):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", read_on, final=False))
+    assert [w.text for w in stream.policy.committed] == [w.text for w in read_on]
 
 
 @pytest.mark.parametrize("temperature, context", [
