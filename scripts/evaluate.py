@@ -29,7 +29,7 @@ onset|); and for streaming the latencies.
     scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
         [--conditions level-30 ...] [--skip stream file offline fw-int8] [--replay] \\
         [--prompt-tokens 100] [--json out.json] [--doc]
-    scripts/dev.sh run python scripts/evaluate.py --rescore out.json [--doc]
+    scripts/dev.sh run python scripts/evaluate.py --rescore out.json [more.json[:offline,...] ...] [--doc]
 """
 
 from __future__ import annotations
@@ -326,11 +326,17 @@ def start_wer(scores: list[Score]) -> str:
     return f"{sum(x.start_errors for x in scores) / max(1, sum(x.start_words for x in scores)):.1%}"
 
 
+def streaming(systems: list[str]) -> str | None:
+    """The streaming system that the table sets against offline: real time, or the replay."""
+    return next((s for s in ("stream", "replay") if s in systems), None)
+
+
 def words_table(results: list[Result], systems: list[str]) -> str:
     joined = " / ".join(systems)
-    paired = "stream" in systems and "offline" in systems
+    live = streaming(systems)
+    paired = live is not None and "offline" in systems
     header = ["condition", "clips", "audio min", "speech min", *(f"WER {s}" for s in systems),
-              *(["stream - offline, points (95% interval)"] if paired else []),
+              *([f"{live} - offline, points (95% interval)"] if paired else []),
               f"WER of sentences' first {START_WORDS} words ({joined})",
               f"longest drop s, in brackets of words not found ({joined})",
               f"words in gaps, inserted ones in brackets ({joined})"]
@@ -340,8 +346,8 @@ def words_table(results: list[Result], systems: list[str]) -> str:
                 for s in systems]
         wers_cells = [f"{w:.1%}" for w in wers]
         if paired:
-            both = [r for r in group if "stream" in r.scores and "offline" in r.scores]
-            diff, low, high = paired_difference([r.scores["stream"] for r in both],
+            both = [r for r in group if live in r.scores and "offline" in r.scores]
+            diff, low, high = paired_difference([r.scores[live] for r in both],
                                                 [r.scores["offline"] for r in both])
             wers_cells.append(f"{100 * diff:+.1f} ({100 * low:+.1f} to {100 * high:+.1f})")
         starts = per_system(group, systems, start_wer)
@@ -419,19 +425,32 @@ def to_json(results: list[Result]) -> list[dict]:
             for r in results]
 
 
-def rescore(path: Path, results: list[Result]) -> list[str]:
-    """Fill `results` from a run saved with `--json`, scored anew: the scorer may have changed
-    since. -> the systems of that run."""
-    saved = {entry["clip"]: entry for entry in json.loads(path.read_text())}
-    systems: set[str] = set()
-    for r in results:
-        entry = saved.get(r.clip.name)
-        if entry is None:
-            continue
-        for system, words in entry["words"].items():
-            r.add(system, [tuple(w) for w in words], entry["seconds"][system])
-            systems.add(system)
-        r.latencies, r.first_partial_s = entry["latencies"], entry["first_partial_s"]
+def rescore(runs: list[str], results: list[Result]) -> list[str]:
+    """Fill `results` from runs saved with `--json`, scored anew: the scorer may have changed
+    since, and runs of one corpus, each of some systems, make one table (a replay, offline and
+    faster-whisper run apart). A run is a path, or path:system,... for only those of its
+    systems. -> the systems taken. A system taken from two runs is an error: which one the
+    table shows would be a guess."""
+    systems: dict[str, str] = {}
+    for run in runs:
+        path, _, only = run.partition(":")
+        saved = {entry["clip"]: entry for entry in json.loads(Path(path).read_text())}
+        found = {s for entry in saved.values() for s in entry["words"]}
+        wanted = set(only.split(",")) if only else found
+        if wanted - found:
+            raise ValueError(f"{path} has no {', '.join(sorted(wanted - found))}")
+        if wanted & systems.keys():
+            twice = ", ".join(sorted(wanted & systems.keys()))
+            raise ValueError(f"{twice} also in an earlier run than {path} (take some: {path}:system,...)")
+        systems.update(dict.fromkeys(wanted, path))
+        for r in results:
+            entry = saved.get(r.clip.name)
+            if entry is None:
+                continue
+            for system in wanted & entry["words"].keys():
+                r.add(system, [tuple(w) for w in entry["words"][system]], entry["seconds"][system])
+            if "stream" in wanted:
+                r.latencies, r.first_partial_s = entry["latencies"], entry["first_partial_s"]
     return [s for s in SYSTEMS if s in systems]
 
 
@@ -482,8 +501,9 @@ def main() -> int:
     parser.add_argument("--skip", nargs="*", default=[], choices=[s for s in SYSTEMS if s != "replay"])
     parser.add_argument("--json", default=None, help="write the figures and transcripts here")
     parser.add_argument("--doc", action="store_true", help="write the tables to docs/evaluation.md")
-    parser.add_argument("--rescore", type=Path, default=None,
-                        help="run nothing: score the transcripts of a run saved with --json anew")
+    parser.add_argument("--rescore", nargs="+", default=None, metavar="RUN",
+                        help="run nothing: score the transcripts of runs saved with --json anew "
+                             "(path, or path:system,... for some of its systems)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     folder = args.corpus or DEFAULT_DIR.with_name("corpus-quick" if args.quick else "corpus")
@@ -493,9 +513,12 @@ def main() -> int:
         parser.error(str(e))
     results = [Result(c) for c in clips]
     if args.rescore:
-        systems = rescore(args.rescore, results)
+        try:
+            systems = rescore(args.rescore, results)
+        except ValueError as e:
+            parser.error(str(e))
         results = [r for r in results if r.scores]
-        settings = f"The transcripts of {args.rescore}, scored again: {provenance(sys.argv[1:])}."
+        settings = f"The transcripts of {', '.join(args.rescore)}, scored again: {provenance(sys.argv[1:])}."
     else:
         systems = run_systems(args, results)
         settings = (f"Streaming: {'fast' if args.fast else 'real time'}, {args.parallel} at once, 100 ms "
