@@ -298,3 +298,31 @@ def test_paired_difference_is_the_wer_difference_with_a_bootstrap_interval():
     d = [sentences_scored([0] * 30), sentences_scored([0] * 30)]
     diff, low, high = paired_difference(c, d)
     assert diff == pytest.approx(0.1) and low < 0.05 and high > 0.15
+
+
+def test_runs_saved_apart_are_scored_as_one_table_and_a_system_twice_is_refused(tmp_path):
+    """evaluate.py --rescore: a replay and an offline run of one corpus, made apart, are
+    scored together; a system in two runs is refused unless one run is narrowed."""
+    from scripts.evaluate import Clip, Result, rescore, words_table
+
+    manifest = {"duration": 4.0, "sentences": [{"text": "the cat sat", "onset": 0.5, "end": 1.5}],
+                "gaps": []}
+
+    def run(path: Path, **systems: list) -> str:
+        path.write_text(json.dumps([{"clip": "c", "words": systems, "seconds": dict.fromkeys(systems, 1.0),
+                                     "latencies": [], "first_partial_s": None}]))
+        return str(path)
+
+    said = [[0.5, 0.8, "the"], [0.8, 1.1, "cat"], [1.1, 1.5, "sat"]]
+    replay = run(tmp_path / "replay.json", replay=said[:2])
+    both = run(tmp_path / "old.json", replay=said, offline=said)
+    results = [Result(Clip("c", "level-0", tmp_path / "c.wav", manifest))]
+    with pytest.raises(ValueError, match="replay"):
+        rescore([replay, both], results)
+    results = [Result(Clip("c", "level-0", tmp_path / "c.wav", manifest))]
+    assert rescore([replay, f"{both}:offline"], results) == ["replay", "offline"]
+    assert results[0].scores["replay"].errors == 1 and results[0].scores["offline"].errors == 0
+    table = words_table(results, ["replay", "offline"])
+    assert "replay - offline, points" in table and "| 33.3% | 0.0% | +33.3" in table
+    with pytest.raises(ValueError, match="no stream"):
+        rescore([f"{both}:stream"], [Result(Clip("c", "level-0", tmp_path / "c.wav", manifest))])
