@@ -441,7 +441,8 @@ def rescore(runs: list[str], results: list[Result]) -> list[str]:
             raise ValueError(f"{path} has no {', '.join(sorted(wanted - found))}")
         if wanted & systems.keys():
             twice = ", ".join(sorted(wanted & systems.keys()))
-            raise ValueError(f"{twice} also in an earlier run than {path} (take some: {path}:system,...)")
+            raise ValueError(f"{path}: {twice} already taken from an earlier run "
+                             f"(take others: {path}:system,...)")
         systems.update(dict.fromkeys(wanted, path))
         for r in results:
             entry = saved.get(r.clip.name)
