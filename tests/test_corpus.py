@@ -313,16 +313,18 @@ def test_runs_saved_apart_are_scored_as_one_table_and_a_system_twice_is_refused(
                                      "latencies": [], "first_partial_s": None}]))
         return str(path)
 
+    def unscored() -> list[Result]:
+        return [Result(Clip("c", "level-0", tmp_path / "c.wav", manifest))]
+
     said = [[0.5, 0.8, "the"], [0.8, 1.1, "cat"], [1.1, 1.5, "sat"]]
     replay = run(tmp_path / "replay.json", replay=said[:2])
     both = run(tmp_path / "old.json", replay=said, offline=said)
-    results = [Result(Clip("c", "level-0", tmp_path / "c.wav", manifest))]
     with pytest.raises(ValueError, match="replay"):
-        rescore([replay, both], results)
-    results = [Result(Clip("c", "level-0", tmp_path / "c.wav", manifest))]
+        rescore([replay, both], unscored())
+    results = unscored()
     assert rescore([replay, f"{both}:offline"], results) == ["replay", "offline"]
     assert results[0].scores["replay"].errors == 1 and results[0].scores["offline"].errors == 0
     table = words_table(results, ["replay", "offline"])
     assert "replay - offline, points" in table and "| 33.3% | 0.0% | +33.3" in table
     with pytest.raises(ValueError, match="no stream"):
-        rescore([f"{both}:stream"], [Result(Clip("c", "level-0", tmp_path / "c.wav", manifest))])
+        rescore([f"{both}:stream"], unscored())
