@@ -103,9 +103,13 @@ class LogFloor:
     from the microphone after a near one, or after a loud tone, then keeps its own range
     (counted from the loudest sound of the session, the floor would clip its quiet bins
     away). A pause holds the last utterance's floor (silence is not drawn deeper than the
-    speech around it). The floor is causal and each item's features depend on its samples,
-    its gain and its floor alone (all in its hash). Bounded: loud speech (loudest bins near
-    1) gives the upper bound, -7; speech brought up about -8."""
+    speech around it). Silence before the session's first speech counts from at least
+    `NOMINAL_LEVEL`, the level speech is brought up to: counted from the silence itself, a
+    file's leading digital silence showed 30 dB darker than Whisper shows silence beside
+    speech, and the first window read otherwise (a long file's prompts carry it on). The
+    floor is causal and each item's features depend on its samples, its gain and its floor
+    alone (all in its hash). Bounded: loud speech (loudest bins near 1) gives the upper
+    bound, -7; speech brought up about -8."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
@@ -163,7 +167,7 @@ class LogFloor:
         else:
             self.quiet_items += 1
         if self.utterance is None:
-            return self.loudest
+            return max(self.loudest, NOMINAL_LEVEL)
         if self.quiet_items < PAUSE_ITEMS:
             self.utterance = max(self.utterance, level)
         return min(self.loudest, self.utterance + UTTERANCE_MARGIN)

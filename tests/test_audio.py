@@ -293,6 +293,33 @@ def test_a_quiet_sessions_first_words_are_brought_up_with_the_rest():
             assert np.all(np.diff(gains[at:at + 12]) <= 0.25)
 
 
+@pytest.mark.parametrize("db", [0, -30])
+def test_silence_before_the_first_speech_is_clamped_as_beside_the_speech(db):
+    """Whisper clamps its window at the loudest bin less 80 dB, so a file's leading digital
+    silence shows at the floor of the speech after it. The floor is causal: counted from the
+    silence itself (nothing louder heard yet), the silence showed 30 dB darker (-10, against
+    -7 beside the speech), which Whisper never saw beside speech, and a long file's first
+    window, and the prompts after it, read otherwise (docs/evaluation.md, The floor before
+    the first speech). Before the first speech the floor counts from at least the level
+    speech is brought up to; streaming's floors (bounded) and offline's (not) alike."""
+    from audio.frames import item_gain_floors
+    from audio.vad import item_speech
+    from engine.config import EngineConfig
+
+    clip = audio(librivox_path("0870")).numpy() * np.float32(10 ** (db / 20))
+    session = np.concatenate([np.zeros(16000, np.float32), clip])
+    probs = SpeechDetector().push(session)
+    for bounded in (True, False):
+        gains, floors = item_gain_floors(session, probs, EngineConfig.vad_threshold, bounded=bounded)
+        speech = item_speech(probs, floors.size, ITEM_SAMPLES, EngineConfig.vad_threshold)
+        onset = speech.index(True)
+        assert 12 <= onset <= 25  # (1 s of silence: 12.5 items, then the clip's own lead)
+        lead, spoken = floors[: onset - 1], float(np.median(floors[onset:]))
+        assert np.all(lead >= spoken - 1.5), (bounded, lead, spoken)  # within 15 dB
+        assert np.all(lead <= spoken + 0.25) and np.all(gains[:onset] == 0)
+        assert spoken > -10.0 + 1.0 and lead.min() > -10.0 + 1.0  # silence shows at the floor
+
+
 @pytest.mark.parametrize("sound", ["click", "offset"])
 def test_a_click_or_an_offset_sets_neither_the_log_mel_floor_nor_the_vad_gain(sound):
     """Quiet speech (about -74 dBFS) after one click (a microphone's bump: 6 ms near full
