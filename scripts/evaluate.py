@@ -431,7 +431,7 @@ def rescore(runs: list[str], results: list[Result]) -> list[str]:
     faster-whisper run apart). A run is a path, or path:system,... for only those of its
     systems. -> the systems taken. A system taken from two runs is an error: which one the
     table shows would be a guess."""
-    systems: dict[str, str] = {}
+    systems: set[str] = set()
     for run in runs:
         path, _, only = run.partition(":")
         saved = {entry["clip"]: entry for entry in json.loads(Path(path).read_text())}
@@ -439,11 +439,11 @@ def rescore(runs: list[str], results: list[Result]) -> list[str]:
         wanted = set(only.split(",")) if only else found
         if wanted - found:
             raise ValueError(f"{path} has no {', '.join(sorted(wanted - found))}")
-        if wanted & systems.keys():
-            twice = ", ".join(sorted(wanted & systems.keys()))
+        if wanted & systems:
+            twice = ", ".join(sorted(wanted & systems))
             raise ValueError(f"{path}: {twice} already taken from an earlier run "
                              f"(take others: {path}:system,...)")
-        systems.update(dict.fromkeys(wanted, path))
+        systems |= wanted
         for r in results:
             entry = saved.get(r.clip.name)
             if entry is None:
