@@ -12,7 +12,7 @@ import torchaudio.functional as AF
 
 from engine.model.decoding import repeated_tail
 from engine.model.transcribe import transcribe
-from scripts.corpus import Voice, layout, tts_piece
+from scripts.corpus import Voice, layout, sound, tts_piece
 from scripts.wer import normalize, word_errors
 from tests.helpers import (
     ARCTIC_IDS,
@@ -94,6 +94,33 @@ def test_short_utterances_between_long_silences_are_each_found_at_their_onset():
     assert len(starts) == len(pieces), result.segments
     for start, sentence in zip(starts, clip.sentences, strict=True):
         assert abs(start - sentence["onset"]) <= 0.3, (start, sentence)
+
+
+HUM_TEXTS = ("The city plans to close the main street to cars on weekends.",
+             "The next morning we put up posters on every lamp post in the neighborhood.",
+             "Monkeys swing through the high branches while colorful birds call to each other.")
+
+
+@pytest.mark.parametrize("first, hum_dbfs", [(0, -30.8), (0, -36.0), (1, -24.0)])
+def test_a_hum_starting_in_a_pause_reads_as_no_speech(first, hum_dbfs):
+    """Mains hum that starts half a second after a sentence and goes on for seconds: the VAD
+    took its onset for 0.3-0.4 s of speech, and the decoder read that with its prompt as
+    " you." (no-speech probability 0.98, mean log-probability -0.8: speech by Whisper's
+    rule). The sentences around it are still read."""
+    awb, rp = Voice("flite", "awb", 100), Voice("espeak", "en-gb-x-rp+m3", 170)
+    texts, voices = HUM_TEXTS[first:], [awb, awb, rp][first:]
+    pauses = [8.7, 6.58][first:]
+    clip = layout("hum", "hum", [tts_piece(t, v) for t, v in zip(texts, voices, strict=True)], pauses)
+    gap = clip.gaps[-2]  # the pause before the last sentence
+    a, b = round((gap["start"] + 0.5) * clip.rate), round((gap["end"] - 0.5) * clip.rate)
+    samples = clip.audio.copy()
+    samples[a:b] += 10 ** (hum_dbfs / 20) * sound("hum", b - a, clip.rate, np.random.default_rng(0))
+    result = transcribe(bundle(), torch.from_numpy(samples))
+    words = [w for s in result.segments for w in s.words]
+    inside = [w.text for w in words if gap["start"] + 0.3 < (w.start_ms + w.end_ms) / 2000 < gap["end"] - 0.3]
+    assert not inside, result.segments
+    errors, n = word_errors(" ".join(texts), result.text)
+    assert errors / n <= 0.2, result.text
 
 
 def test_multi_minute_audio_has_monotonic_timestamps_and_no_loops():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from audio.frames import ITEM_SAMPLES, amplitude, item_gain_floors
@@ -18,6 +19,7 @@ from audio.vad import SpeechDetector
 from engine.config import EngineConfig
 from engine.model import ModelBundle
 from engine.model.decoding import (
+    NO_SPEECH_THRESHOLD,
     DecodingOptions,
     DecodingResult,
     copies_prompt,
@@ -38,6 +40,10 @@ TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
 VAD_THRESHOLD = EngineConfig.vad_threshold
 TAIL_MS = 500  # a window that ends at a long silence keeps this much of it
+# the VAD's speech is a steady sound's onset where the sound goes on this long after it, at
+# most this much quieter (a word is louder than what follows it: silence, noise, a breath)
+STEADY_MS = 1000
+STEADY_DB = 3.0
 
 
 @dataclass
@@ -177,6 +183,36 @@ def _heard(segment: Segment, speech: SpeechMap) -> bool:
     return speech.speech_ms(start, end) > 0
 
 
+def _level_db(samples: np.ndarray) -> float:
+    return 10 * float(np.log10(np.mean(np.square(samples, dtype=np.float64)) + 1e-20))
+
+
+def _sound_onset(samples: np.ndarray, speech: SpeechMap, start_ms: int, end_ms: int) -> bool:
+    """Whether the speech the VAD heard in [start_ms, end_ms) is only the onsets of steady
+    sounds: each run goes on as loud for STEADY_MS after it. A hum or a tune starting is
+    heard as a fraction of a second of speech, and the decoder reads it, with its prompt,
+    as " you." or as the prompt's words again."""
+    runs = speech.runs(start_ms, end_ms)
+    for a, b in runs:
+        run = samples[a * SAMPLE_RATE // 1000 : b * SAMPLE_RATE // 1000]
+        after = samples[b * SAMPLE_RATE // 1000 : (b + STEADY_MS) * SAMPLE_RATE // 1000]
+        if after.size < STEADY_MS * SAMPLE_RATE // 1000 or _level_db(after) < _level_db(run) - STEADY_DB:
+            return False
+    return bool(runs)
+
+
+def _no_speech(result: DecodingResult, samples: np.ndarray, speech: SpeechMap, seek: int,
+               frames: int) -> bool:
+    """Whisper's no-speech rule, or neither the decoder (a no-speech probability over 0.6,
+    however sure its words) nor the VAD (under HEARD_SPEECH_MS, a sound's onset) heard speech."""
+    if result.is_silence:
+        return True
+    if result.speech_heard or result.no_speech_prob <= NO_SPEECH_THRESHOLD:
+        return False
+    start = seconds_to_ms(seek / FRAMES_PER_SECOND)
+    return _sound_onset(samples, speech, start, start + seconds_to_ms(frames / FRAMES_PER_SECOND))
+
+
 def _window_frames(speech: SpeechMap, seek: int, content_frames: int) -> int:
     """The mel frames of the window from `seek`: 30 s, or up to a silence of LONG_SILENCE_MS
     after speech (and TAIL_MS into it). Across seconds of silence the decoder passes over a
@@ -226,7 +262,7 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
             seek = round((onset - LEAD_IN_MS) / 1000 * FRAMES_PER_SECOND)
         window_frames = _window_frames(speech, seek, content_frames)
         result, new, consumed = _decode_window(bundle, mel, seek, window_frames, history, speech)
-        if result.is_silence:
+        if _no_speech(result, samples, speech, seek, window_frames):
             seek += window_frames
             continue
         new, consumed = _mind_the_gap(bundle, mel, seek, new, consumed, history, speech)
