@@ -129,7 +129,12 @@ class SpeechMap:
 
     def speech_ms(self, start_ms: int, end_ms: int) -> int:
         """How much of [start_ms, end_ms) the VAD heard as speech."""
-        return sum(min(b, end_ms) - max(a, start_ms) for a, b in self.runs(start_ms, end_ms))
+        k = bisect.bisect_right(self.ends, start_ms)  # the first run ending after start_ms
+        total = 0
+        while k < len(self.starts) and self.starts[k] < end_ms:
+            total += min(self.ends[k], end_ms) - max(self.starts[k], start_ms)
+            k += 1
+        return total
 
     def _ended(self, run: int) -> bool:
         """Whether the VAD heard the end of a run (not the speech it still hears)."""
