@@ -41,6 +41,10 @@ def samples_to_ms(samples: int, rate: int = SAMPLE_RATE) -> int:
     return samples * 1000 // rate
 
 
+def ms_to_samples(ms: int, rate: int = SAMPLE_RATE) -> int:
+    return ms * rate // 1000
+
+
 def samples_to_seconds(samples: int, rate: int = SAMPLE_RATE) -> float:
     return samples / rate
 

@@ -15,7 +15,7 @@ import torch
 
 from audio.frames import ITEM_SAMPLES, amplitude, item_gain_floors
 from audio.mel import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
-from audio.vad import SpeechDetector
+from audio.vad import SpeechDetector, level_db
 from engine.config import EngineConfig
 from engine.model import ModelBundle
 from engine.model.decoding import (
@@ -33,7 +33,7 @@ from engine.speech_map import (
     UNHEARD_SPEECH_MS,
     SpeechMap,
 )
-from engine.timeline import SAMPLE_RATE, positions_to_seconds, seconds_to_ms
+from engine.timeline import SAMPLE_RATE, ms_to_samples, positions_to_seconds, seconds_to_ms
 from engine.words import Segment, aligned_words, mark_segments, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -183,10 +183,6 @@ def _heard(segment: Segment, speech: SpeechMap) -> bool:
     return speech.speech_ms(start, end) > 0
 
 
-def _level_db(samples: np.ndarray) -> float:
-    return 10 * float(np.log10(np.mean(np.square(samples, dtype=np.float64)) + 1e-20))
-
-
 def _sound_onset(samples: np.ndarray, speech: SpeechMap, start_ms: int, end_ms: int) -> bool:
     """Whether the speech the VAD heard in [start_ms, end_ms) is only the onsets of steady
     sounds: each run goes on as loud for STEADY_MS after it. A hum or a tune starting is
@@ -194,9 +190,9 @@ def _sound_onset(samples: np.ndarray, speech: SpeechMap, start_ms: int, end_ms: 
     as " you." or as the prompt's words again."""
     runs = speech.runs(start_ms, end_ms)
     for a, b in runs:
-        run = samples[a * SAMPLE_RATE // 1000 : b * SAMPLE_RATE // 1000]
-        after = samples[b * SAMPLE_RATE // 1000 : (b + STEADY_MS) * SAMPLE_RATE // 1000]
-        if after.size < STEADY_MS * SAMPLE_RATE // 1000 or _level_db(after) < _level_db(run) - STEADY_DB:
+        run = samples[ms_to_samples(a) : ms_to_samples(b)]
+        after = samples[ms_to_samples(b) : ms_to_samples(b + STEADY_MS)]
+        if after.size < ms_to_samples(STEADY_MS) or level_db(after) < level_db(run) - STEADY_DB:
             return False
     return bool(runs)
 
