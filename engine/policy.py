@@ -68,12 +68,15 @@ class LocalAgreement:
         be ill-disposed. He was not an old-sposed young man" after "... is to be old-sposed."
         must not match the repeat.) A tail of three words or more may be found further off: a
         re-decode of unclear speech spells it in other words, and mid-times from a decode that
-        misplaced them would commit the tail again.
+        misplaced them would commit the tail again. So may one further off still where the
+        word it ends on starts inside the committed word it matches: the same audio read
+        again, in more words ("after sunlight. sunlight." and "our plans. lands." had the
+        last word aligned over the committed one, its middle past its end).
         """
         n = self.num_reread(start_ms)
         if n == 0:
             return hypothesis
-        end = self._tail_end([w.key for w in hypothesis], n)
+        end = self._tail_end(hypothesis, n)
         if end is not None:
             return hypothesis[end:]
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
@@ -87,28 +90,28 @@ class LocalAgreement:
         preview's start has none.)"""
         return _num_since(self.committed, self.num_window_committed, start_ms)
 
-    def _tail_end(self, keys: list[str], n: int) -> int | None:
-        """Where the last `n` committed words end in a hypothesis (its word keys), found by
-        their tail (`new_words`), or by their last word spelled nearly the same where no tail is
-        found; None: not found."""
-        committed = [w.key for w in self.committed[len(self.committed) - n :]]
+    def _tail_end(self, hypothesis: list[Word], n: int) -> int | None:
+        """Where the last `n` committed words end in a hypothesis, found by their tail
+        (`new_words`), or by their last word spelled nearly the same where no tail is found;
+        None: not found."""
+        keys = [w.key for w in hypothesis]
+        words = self.committed[len(self.committed) - n :]
+        committed = [w.key for w in words]
         for m in range(min(OVERLAP_NGRAM, n), 0, -1):
             for skip in (0, 1) if m + 1 <= n else (0,):
                 tail = committed[n - m - skip : n - skip]
                 expected = n - m - skip  # where the tail should start in the hypothesis
                 hits = [j for j in range(len(keys) - m + 1) if keys[j : j + m] == tail]
-                j = min(hits, key=lambda j: abs(j - expected), default=None)
                 slack = TRIM_SLACK_WORDS * (m if m >= LONG_TAIL_WORDS else 1)
-                if j is not None and abs(j - expected) <= slack:
+                j = _placed(hits, expected, slack, hypothesis, words[n - 1 - skip], m - 1)
+                if j is not None:
                     end = j + m + skip
                     if skip and keys[end : end + 1] == committed[-1:]:
                         end += 1  # a word put before the last one ("most of the afternoon")
                     return end
         hits = [j for j, key in enumerate(keys) if respelled(key, committed[-1])]
-        j = min(hits, key=lambda j: abs(j - (n - 1)), default=None)
-        if j is not None and abs(j - (n - 1)) <= TRIM_SLACK_WORDS:
-            return j + 1  # the last word spelled again nearly the same ("fridge" as "Ridge")
-        return None
+        j = _placed(hits, n - 1, TRIM_SLACK_WORDS, hypothesis, words[-1], 0)
+        return None if j is None else j + 1  # the last word spelled again ("fridge" as "Ridge")
 
     def rereads(self, hypothesis: list[Word]) -> bool:
         """Whether a decode of the window read its committed words again: their tail is in
@@ -119,7 +122,7 @@ class LocalAgreement:
         old ("He might even have been made amiable himself." over 13 s, its first three
         words placed in the committed sentences)."""
         n = self.num_window_committed
-        if n == 0 or not hypothesis or self._tail_end([w.key for w in hypothesis], n) is not None:
+        if n == 0 or not hypothesis or self._tail_end(hypothesis, n) is not None:
             return True  # (an empty decode misplaces nothing: `flush` keeps the tentative tail)
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return 4 * sum(w.mid_ms < cutoff for w in hypothesis) >= n
@@ -232,7 +235,7 @@ class LocalAgreement:
         n = self.num_window_committed
         if n == 0 or start < self.prompt_floor:
             return
-        end = self._tail_end([w.key for w in hypothesis], n)
+        end = self._tail_end(hypothesis, n)
         if end is not None:
             self.context[start:] = hypothesis[:end]
             self.num_window_context = end
@@ -277,6 +280,20 @@ def _num_after(words: list[Word], n: int, start_ms: int) -> int:
     while n > 0 and words[-n].end_ms <= start_ms + TIME_TOLERANCE_MS:
         n -= 1
     return n
+
+
+def _placed(hits: list[int], expected: int, slack: int, hypothesis: list[Word], word: Word,
+            offset: int) -> int | None:
+    """Of the places a committed tail was found at (`hits`), the nearest to `expected` within
+    `slack` words; else one whose word at `offset` (the tail's last) starts inside `word`,
+    the committed word it matches (`LocalAgreement.new_words`); None: neither."""
+    j = min(hits, key=lambda j: abs(j - expected), default=None)
+    if j is not None and abs(j - expected) <= slack:
+        return j
+    for j in hits:
+        if word.start_ms - TIME_TOLERANCE_MS <= hypothesis[j + offset].start_ms < word.end_ms:
+            return j
+    return None
 
 
 def _near(a: Word, b: Word) -> bool:

@@ -637,6 +637,41 @@ def test_a_re_decoded_last_word_is_not_committed_again(before, hypothesis, new):
     assert " ".join(w.key for w in committed) == new
 
 
+def spread(text: str, start_ms: int, end_ms: int) -> list[Word]:
+    """Words read evenly over [start_ms, end_ms)."""
+    keys = text.split()
+    step = (end_ms - start_ms) // len(keys)
+    return [Word(f" {w}", start_ms + i * step, start_ms + (i + 1) * step) for i, w in enumerate(keys)]
+
+
+@pytest.mark.parametrize("before, reread", [
+    # the tail ("after sunlight") lies three words later than counting puts it
+    ("a modern train left the station just after sunlight",
+     "but it's the more in turn left the station does after sunlight"),
+    # the last word spelled nearly the same, four words later than counted
+    ("my grandmom has hinted we have to known pulling weeds and talking quietly to our plans",
+     "my grandmom has been dead we have to move all in weeds and talk in quietly to hot lands"),
+])
+def test_a_last_word_re_decoded_where_it_was_is_not_committed_again(before, reread):
+    """A final re-decoding unclear speech in more words than the committed reading puts the
+    committed tail further off than counting allows; it is still the same word where the
+    committed one lies in time, and not new speech."""
+    policy = LocalAgreement()
+    said = words(before)
+    policy.flush(said)
+    last = said[-1]
+    # the re-decode's last word starts inside the committed last word, its middle past its end
+    hypothesis = spread(reread, 0, last.end_ms + 200) + words("mr john dashwood", last.end_ms + 1_500)
+    assert hypothesis[-4].start_ms < last.end_ms <= hypothesis[-4].mid_ms + 100
+    committed = policy.flush(hypothesis).committed
+    assert " ".join(w.key for w in committed) == "mr john dashwood"
+    # a new word spelled the same after the committed one is new speech
+    policy = LocalAgreement()
+    policy.flush(words(before))
+    again = spread(reread, 0, last.end_ms) + words(f"{reread.split()[-1]} mr john", last.end_ms + 1_500)
+    assert " ".join(w.key for w in policy.flush(again).committed) == f"{reread.split()[-1]} mr john"
+
+
 def tokens_of(said: list[Word], vocabulary: dict[str, int]) -> list[Word]:
     for w in said:
         w.tokens = [vocabulary.setdefault(w.key, len(vocabulary))]
