@@ -105,13 +105,15 @@ class SpeechMap:
 
     def resume_at(self, last_ms: int, end_ms: int, window_end_ms: int | None = None) -> int | None:
         """Where a window consumed up to `end_ms` goes on after its last word kept (ending at
-        `last_ms`) when speech begins between them: before that onset, as a late segment end
-        cuts it off. Given the window's end, also where its decode stopped reading run-on
-        speech (UNHEARD_SPEECH_MS of it past the word, with no pause up to `end_ms`): at the
-        word's end, as the segment's end stretches over the speech not read. None: neither."""
-        onset = self.onset_within(last_ms + WORD_SLACK_MS, end_ms)
+        `last_ms`) when speech begins between them, or within ONSET_PAD_MS after `end_ms` (the
+        VAD hears an onset late, and a window that starts inside a sentence's first word reads
+        it from the next on): ONSET_PAD_MS before that onset, as a late segment end cuts it
+        off. Given the window's end, also where its decode stopped reading run-on speech
+        (UNHEARD_SPEECH_MS of it past the word, with no pause up to `end_ms`): at the word's
+        end, as the segment's end stretches over the speech not read. None: neither."""
+        onset = self.onset_within(last_ms + WORD_SLACK_MS, end_ms + ONSET_PAD_MS)
         if onset is not None:
-            return max(last_ms, onset - ONSET_PAD_MS)
+            return onset - ONSET_PAD_MS  # (past the last word: WORD_SLACK_MS > ONSET_PAD_MS)
         after = end_ms - last_ms
         if window_end_ms is not None and after > WORD_SLACK_MS and self.speech_ms(last_ms, end_ms) == after \
                 and self.speech_ms(last_ms + WORD_SLACK_MS, window_end_ms) >= UNHEARD_SPEECH_MS:

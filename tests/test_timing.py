@@ -12,7 +12,7 @@ from engine.engine import Engine
 from engine.model import transcribe as transcribe_module
 from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
-from engine.speech_map import LAG_MS, SNAP_MS, SpeechMap
+from engine.speech_map import LAG_MS, ONSET_PAD_MS, SNAP_MS, SpeechMap
 from engine.words import Word, aligned_words, window_words
 from scripts import corpus
 from scripts.evaluate import replay_clip
@@ -124,6 +124,19 @@ def test_speech_map_finds_speech_the_words_leave_out_and_the_next_onset():
     assert speech.pause_after(1000, 4000, 500) == 7008
     assert speech.pause_after(1000, 2000, 1000) == 12000  # the pauses are 992 ms
     assert speech.pause_after(1000, 9500, 500) is None
+
+
+def test_a_window_goes_on_before_an_onset_its_consumed_end_lies_just_before():
+    """The VAD hears an onset late (a quiet first consonant under noise: "From the summit"
+    heard 0.1 s after it began): a window that consumed up to 50 ms before the run starts
+    has cut into its first word, and the next window, starting there, read the sentence
+    after it. It goes on ONSET_PAD_MS before the run."""
+    speech = speech_map([(0, 3008), (4000, 7008)], 8000)
+    assert speech.resume_at(3000, 3950) == 4000 - ONSET_PAD_MS  # the run starts 50 ms after
+    assert speech.resume_at(3000, 4000 - ONSET_PAD_MS - 10) is None  # before the pad: as it is
+    assert speech.resume_at(3800, 3950) is None  # a run 200 ms after the last word is its own
+    assert speech.resume_at(3000, 3500) is None  # a pause of 500 ms before the onset
+    assert speech.resume_at(3000, 4300) == 4000 - ONSET_PAD_MS  # the run started before the end
 
 
 def test_speech_map_moves_word_edges_into_speech_and_drops_segments_of_silence():
