@@ -105,6 +105,8 @@ class LocalAgreement:
                 slack = TRIM_SLACK_WORDS * (m if m >= LONG_TAIL_WORDS else 1)
                 j = _placed(hits, expected, slack, hypothesis, words[n - 1 - skip], m - 1)
                 if j is not None:
+                    if skip and _after(hypothesis[j + m : j + m + 1], words[-1]):
+                        return j + m  # the last word left out: the next is new speech
                     end = j + m + skip
                     if skip and keys[end : end + 1] == committed[-1:]:
                         end += 1  # a word put before the last one ("most of the afternoon")
@@ -294,6 +296,12 @@ def _placed(hits: list[int], expected: int, slack: int, hypothesis: list[Word], 
         if word.start_ms - TIME_TOLERANCE_MS <= hypothesis[j + offset].start_ms < word.end_ms:
             return j
     return None
+
+
+def _after(hypothesis: list[Word], word: Word) -> bool:
+    """Whether a hypothesis's first word starts past the committed `word`'s end (give or take
+    TIME_TOLERANCE_MS): new speech, not `word` read again."""
+    return bool(hypothesis) and hypothesis[0].start_ms >= word.end_ms + TIME_TOLERANCE_MS
 
 
 def _near(a: Word, b: Word) -> bool:

@@ -623,18 +623,36 @@ def test_a_committed_tail_is_found_when_a_re_decode_spells_earlier_words_differe
     assert [w.key for w in committed] == ["had", "he", "married"]
 
 
-@pytest.mark.parametrize("before, hypothesis, new", [
-    # the re-decode put a word before the last one: "most of" is found, and "afternoon" past it
+@pytest.mark.parametrize("before, hypothesis, shift_ms, new", [
+    # the re-decode put a word before the last one, inside the committed words' audio: "most
+    # of" is found, and "afternoon" past it
     ("the match was tied for most of afternoon",
-     "the match was tied for most of the afternoon most teams played", "most teams played"),
+     "the match was tied for most of the afternoon most teams played", 0, "most teams played"),
     # the re-decode spelled the last word nearly the same, its middle past the committed end
-    ("in the middle of the fridge", "in the middle of ridge eight of spades", "eight of spades"),
+    ("in the middle of the fridge", "in the middle of ridge eight of spades", 400,
+     "eight of spades"),
 ])
-def test_a_re_decoded_last_word_is_not_committed_again(before, hypothesis, new):
+def test_a_re_decoded_last_word_is_not_committed_again(before, hypothesis, shift_ms, new):
     policy = LocalAgreement()
     policy.flush(words(before))
-    committed = policy.flush(words(hypothesis, 400)).committed
+    committed = policy.flush(words(hypothesis, shift_ms)).committed
     assert " ".join(w.key for w in committed) == new
+
+
+def test_a_last_word_the_re_decode_left_out_does_not_take_the_next_sentences_first():
+    """A re-decode that changed a word and left out the committed last word ("anyone had
+    expected it." read "anyone said expected.") has the tail before the last word, and the
+    word after that is the next sentence's, after the pause: it is new, not the last word
+    read again."""
+    before = "the first snow fell on the fields before anyone had expected it"
+    policy = LocalAgreement()
+    policy.flush(words(before))
+    end_ms = 300 * len(before.split())
+    hypothesis = (words("the first snow fell on the fields before anyone said", 0)
+                  + [Word(" expected.", 3000, end_ms)]
+                  + words("when i was a child", end_ms + 1_200))
+    committed = policy.flush(hypothesis).committed
+    assert " ".join(w.key for w in committed) == "when i was a child"
 
 
 def spread(text: str, start_ms: int, end_ms: int) -> list[Word]:
