@@ -73,10 +73,6 @@ FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the l
 # a long window is cut at the start of the committed words' unfinished sentence (or clause) if
 # it began within this much before their end (else at their end)
 SENTENCE_CUT_POSITIONS = 5 * POSITIONS_PER_SECOND
-# a live final's window cut past TRIM_AFTER_POSITIONS keeps the last sentence it committed when
-# that began within this much before its end: a sentence read alone, with no speech before it
-# in its window, reads worse than after one
-KEEP_SENTENCE_POSITIONS = 8 * POSITIONS_PER_SECOND
 
 
 class Action(enum.Enum):
@@ -217,25 +213,17 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
     """Where the window starts once the plan is applied (None: where it was).
     `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
     speech in the window past them, for a FINAL; `sentence_start`: where
-    the committed words' unfinished sentence starts (for a live FINAL, their last sentence,
-    finished or not); `passed_over`: a FINAL's decode passed over the window's committed words
-    and was not committed (`retries`); `mid_phrase`: the committed words end inside a sentence
-    or clause (no full stop or comma after the last). A FINAL cut at its committed end before
-    the window's end is a retry; one that keeps its last sentence is done."""
+    the committed words' unfinished sentence starts; `passed_over`: a FINAL's decode passed
+    over the window's committed words and was not committed (`retries`); `mid_phrase`: the
+    committed words end inside a sentence or clause (no full stop or comma after the last). A
+    FINAL cut before the window's end is a retry."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
     if action is Action.FINAL:
         if retries(facts, committed_end, speech_after_ms, passed_over):
             return committed_end  # (each retry starts a second or more later: they end)
-        if facts.flushed:
-            return facts.end
-        if length <= TRIM_AFTER_POSITIONS:
-            return None
-        keep = max(facts.start, committed_end - KEEP_SENTENCE_POSITIONS)
-        if sentence_start is not None and keep < sentence_start < committed_end:
-            return sentence_start  # the next final reads its sentence after this one
-        return facts.end
+        return facts.end if facts.flushed or length > TRIM_AFTER_POSITIONS else None
     if action is Action.WHOLE:
         return facts.complete
     if action is Action.FORCE:

@@ -451,16 +451,14 @@ class Stream:
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
-        sentence = self._sentence_start_ms(live_final)
+        sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
         cut = None if doubt or hold else commit.new_window_start(
             facts, plan.action, ms_to_positions(end_ms), missed,
             None if sentence is None else ms_to_positions(sentence), redo, policy.ends_inside_phrase)
         if cut is not None:
             self._cut(cut)
             self.fresh_window = False
-        # a final's retry is cut at its committed end; one that keeps its last sentence is done
-        retrying = final and commit.retries(facts, ms_to_positions(end_ms), missed, redo)
-        retry = final and (doubt or (retrying and cut is not None and cut < facts.end))
+        retry = final and (doubt or (cut is not None and cut < facts.end))
         flushed_ms, done = None, False
         if hold:
             self._hold(facts.end, new)
@@ -544,15 +542,6 @@ class Stream:
         if resume is not None:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
-
-    def _sentence_start_ms(self, live_final: bool) -> int | None:
-        """Where a window cut may keep the committed words from: their unfinished sentence's
-        start, or for a live final's cut their last sentence's (`commit.KEEP_SENTENCE_POSITIONS`;
-        not at the stream's end, whose last final ends it)."""
-        if live_final and not self.request.input_finished:
-            keep_ms = positions_to_ms(commit.KEEP_SENTENCE_POSITIONS)
-            return self.policy.sentence_start_ms(keep_ms, finished=True)
-        return self.policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
 
     def _reread_ms(self) -> int:
         """Where a final's second reading (`self.doubt`) starts: the last final's end (ms)."""

@@ -8,7 +8,6 @@ from engine.commit import (
     DOUBT_LOGPROB,
     FORCE_KEEP_POSITIONS,
     HOLD_SILENCE_MS,
-    KEEP_SENTENCE_POSITIONS,
     RETRY_SPEECH_MS,
     TRIM_AFTER_POSITIONS,
     Action,
@@ -63,14 +62,6 @@ def test_a_final_is_cut_at_its_end_when_flushed_or_long_else_kept_as_context():
     assert new_window_start(facts(end=300, final=True, flushed=True), Action.FINAL, 300) == 300
     long = facts(end=TRIM_AFTER_POSITIONS + 1, final=True)
     assert new_window_start(long, Action.FINAL, 0) == TRIM_AFTER_POSITIONS + 1
-    # a long window keeps the last sentence it committed, when that began within
-    # KEEP_SENTENCE_POSITIONS of the committed end, as the next final's context
-    end = TRIM_AFTER_POSITIONS - 12
-    keep = end - KEEP_SENTENCE_POSITIONS
-    assert new_window_start(long, Action.FINAL, end, sentence_start=keep + 1) == keep + 1
-    assert new_window_start(long, Action.FINAL, end, sentence_start=keep) == TRIM_AFTER_POSITIONS + 1
-    flushed = facts(end=TRIM_AFTER_POSITIONS + 1, final=True, flushed=True)
-    assert new_window_start(flushed, Action.FINAL, end, sentence_start=keep + 1) == TRIM_AFTER_POSITIONS + 1
 
 
 def test_a_final_that_stopped_short_of_speech_is_decoded_again_from_its_committed_end():
@@ -299,8 +290,6 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
     policy.update(sentence + words("Then shape it. And", 14_000))
     assert [w.text for w in policy.committed][-1] == " it."
     assert policy.sentence_start_ms(5_000) is None  # the committed words end a sentence
-    # ... which a final's cut keeps: "Then shape it." from 200 ms before "size." ends
-    assert policy.sentence_start_ms(5_000, finished=True) == policy.committed[-4].end_ms - 200
 
     long = facts(start=0, end=TRIM_AFTER_POSITIONS + 40)
     committed_end = ms_to_positions(14_400)
