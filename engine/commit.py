@@ -110,6 +110,14 @@ class WindowFacts:
     complete: int | None  # the decode's words are whole segments up to this position
     pending_ms: int  # audio from the committed words' end (or a held final's pause) to the window's end
     looped: bool = False  # the decode was caught in a loop (DecodingResult.looped)
+    # (a live final) where the reading after it starts: early in the pause that ended it
+    # (SpeechMap.after_pause); None: at its end
+    resume: int | None = None
+
+    @property
+    def next_start(self) -> int:
+        """Where the reading after this window starts once it is done."""
+        return self.end if self.resume is None else self.resume
 
 
 @dataclass(frozen=True)
@@ -216,14 +224,14 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
     the committed words' unfinished sentence starts; `passed_over`: a FINAL's decode passed
     over the window's committed words and was not committed (`retries`); `mid_phrase`: the
     committed words end inside a sentence or clause (no full stop or comma after the last). A
-    FINAL cut before the window's end is a retry."""
+    FINAL cut before where the reading after it starts (`WindowFacts.next_start`) is a retry."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
     if action is Action.FINAL:
         if retries(facts, committed_end, speech_after_ms, passed_over):
             return committed_end  # (each retry starts a second or more later: they end)
-        return facts.end if facts.flushed or length > TRIM_AFTER_POSITIONS else None
+        return facts.next_start if facts.flushed or length > TRIM_AFTER_POSITIONS else None
     if action is Action.WHOLE:
         return facts.complete
     if action is Action.FORCE:

@@ -28,6 +28,10 @@ LONG_WORD_EDGE_MS = 500  # ... and a word longer than twice this covers this muc
 UNHEARD_SPEECH_MS = 2000  # this much VAD speech between a window's words is speech it skipped
 ONSET_PAD_MS = 200  # a window starts this far before a speech onset (the VAD hears onsets late)
 PAUSE_MS = 300  # a window cut short ends at a pause of this much
+# the reading after a live final starts this far into the pause that ended it (the VAD's
+# speech ends a few tens of ms after a word; its endpoint, a quarter second later, often
+# lies at the next sentence's onset)
+RESUME_MS = 100
 
 
 class SpeechMap:
@@ -95,6 +99,22 @@ class SpeechMap:
             if heard >= speech_ms and (following is None or following - self.ends[k] >= pause_ms):
                 return self.ends[k]
         return None
+
+    def after_pause(self, end_ms: int) -> int:
+        """Where the reading after a live final that ended at `end_ms` (its endpoint) starts:
+        RESUME_MS into the pause that ended it, the end of the last run of speech before
+        `end_ms`. A run that begins within ONSET_PAD_MS before `end_ms` is the next speech, its
+        onset heard before the endpoint's item. The pause, not the endpoint: where pauses are
+        short, the next sentence begins at the endpoint or before it, and a window that starts
+        at its onset, or inside its first word, reads that word wrong or not at all ("Pour in"
+        read "Or,"). `end_ms` itself where no pause is heard before it (speech runs through it,
+        or the runs before it are forgotten)."""
+        k = bisect.bisect_left(self.starts, end_ms) - 1  # the last run that begins before end_ms
+        if k >= 0 and self.starts[k] >= end_ms - ONSET_PAD_MS:
+            k -= 1
+        if k < 0 or self.ends[k] >= end_ms:
+            return end_ms
+        return min(end_ms, self.ends[k] + RESUME_MS)
 
     def skip_end(self, hole: tuple[int, int]) -> int | None:
         """Where a window that skipped the speech of `hole` (`unheard`) ends when it is decoded

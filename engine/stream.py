@@ -458,12 +458,12 @@ class Stream:
         if cut is not None:
             self._cut(cut)
             self.fresh_window = False
-        retry = final and (doubt or (cut is not None and cut < facts.end))
+        retry = final and (doubt or (cut is not None and cut < facts.next_start))
         flushed_ms, done = None, False
         if hold:
             self._hold(facts.end, new)
         elif final and not retry:  # (a retry's final stays due)
-            self._after_final(facts.end)
+            self._after_final(facts.end, facts.next_start)
             if facts.flushed:
                 flushed_ms = self.padding.audio_ms(positions_to_ms(facts.end))
             done = request.input_finished and request.window_start >= request.num_positions
@@ -493,9 +493,13 @@ class Stream:
         flushed = result.final and ((request.input_finished and end == request.num_positions)
                                     or 0 < request.flush_position <= end)
         complete = ms_to_positions(result.complete_ms) if result.complete_ms is not None else None
+        resume = None
+        if result.final and not (flushed or request.background):
+            size = self.item_positions  # (a cut starts on an item: rounded up, into the pause)
+            after = -(-ms_to_positions(self.speech.after_pause(positions_to_ms(end))) // size) * size
+            resume = max(start, min(after, end))
         return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
-                                  complete, self._pending_ms(end),
-                                  result.looped)
+                                  complete, self._pending_ms(end), result.looped, resume)
 
     def _pending_ms(self, end: int) -> int:
         """Audio that waits uncommitted up to `end` (positions), for agreement's bound
@@ -570,14 +574,16 @@ class Stream:
 
     def _before_skip(self, facts: commit.WindowFacts, words: list[Word]) -> list[Word]:
         """The words of a partial's or a live final's decode that may be committed: none past
-        seconds of VAD speech that no word covers, after the committed words and a second or
-        more into the window, where words follow it (Whisper, reading on from the window's
-        committed words, passed over a sentence: under babble two partials that passed over
-        "She said that tomatoes..." agreed on the sentence after it). Agreement waits; a final
-        is retried from its committed end (`commit.retries`: speech past its committed words).
-        Speech skipped from the window's start is not read better from the same start: those
-        words are kept as decoded; so is speech at the window's end that no word reads yet,
-        but a partial's last word before it: a decode that ends its text seconds of speech
+        seconds of VAD speech after the committed words that no word covers, where words follow
+        it (Whisper, reading on from the window's committed words, passed over a sentence:
+        under babble two partials that passed over "She said that tomatoes..." agreed on the
+        sentence after it). Agreement waits, wherever the skip begins (two partials read 8 s of
+        "We ate cold sandwiches ..." from the window's start as the one word "wall.", stretched
+        over it, and agreed on it). A final is retried from its committed end (`commit.retries`:
+        speech past its committed words), if the skip begins a second or more into the window:
+        speech a final skipped from the window's start is not read better from the same start,
+        and its words are kept as decoded. So is speech at the window's end that no word reads
+        yet, but a partial's last word before it: a decode that ends its text seconds of speech
         short of its window's end stopped early, and the word it ended on often took the
         speech after it ("story." for "The storm arrived in the middle of the night...", read
         so by two partials in a row). Its reading of the speech after the word comes later."""
@@ -587,7 +593,8 @@ class Stream:
             return words
         if not facts.final and words and hole == (words[-1].end_ms, end_ms):
             return words[:-1]
-        if not commit.may_retry(facts, ms_to_positions(hole[0])):
+        if not commit.may_retry(facts, ms_to_positions(hole[0])) and (
+                facts.final or not self.policy.num_window_committed):
             return words
         return [w for w in words if w.end_ms <= hole[0]]
 
@@ -622,13 +629,14 @@ class Stream:
             return PolicyUpdate(update.committed + forced.committed, forced.tentative)
         return update
 
-    def _after_final(self, end: int) -> None:
-        """A final decode committed everything before `end`: its pauses and flush are done."""
+    def _after_final(self, end: int, resume: int) -> None:
+        """A final decode committed everything before `end`: its pauses and flush are done;
+        what comes after it (previews, a second reading) is read from `resume`."""
         request = self.request
         self._pass_endpoints(end)
         if request.flush_position <= end:
             request.flush_position = 0
-        request.preview_start = end
+        request.preview_start = max(request.window_start, resume)
         self._prune_drafts()
 
     def _hold(self, end: int, words: list[Word]) -> None:

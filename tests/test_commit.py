@@ -423,9 +423,14 @@ def read(text: str, start_ms: int, step_ms: int, logprob: float) -> list[Word]:
     return [Word(w.text, w.start_ms, w.end_ms, [0], logprob=logprob) for w in words(text, start_ms, step_ms)]
 
 
+# where what comes after the first final of `first_utterance_committed` is read from:
+# RESUME_MS into the pause after its speech (4.0 s), on an item (SpeechMap.after_pause)
+AFTER_FIRST = ms_to_positions(4_160)
+
+
 def first_utterance_committed() -> tuple[Stream, list[Word]]:
-    """A stream of two utterances (0-4 s and 5-9 s) whose first final committed the first
-    one's words (returned), sure of them."""
+    """A stream of two utterances (0-4 s and 5-9 s) whose first final (to its endpoint at
+    4.4 s) committed the first one's words (returned), sure of them."""
     stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
     stream.request.num_decoded_positions = ms_to_positions(4_400)
     stream.request.endpoints.append(ms_to_positions(4_400))
@@ -458,7 +463,7 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in unsure]
     assert request.window_start == 0 and Scheduler.final_due(request)
     window = Scheduler()._window(request, partial=False)  # the second reading's window
-    assert window.window_start == ms_to_positions(4_400) and window.final
+    assert window.window_start == AFTER_FIRST and window.final
 
     again = read(second_text, 5_000, 900, second_logprob)
     out = stream.apply(WindowResult("s", again, final=True))
@@ -506,7 +511,7 @@ def test_a_final_that_says_its_context_again_is_read_again_without_it(second_tex
     copy = read("we walked up to the hill", 5_000, 600, -0.1)
     out = stream.apply(WindowResult("s", first + copy, final=True))
     assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in copy]
-    assert Scheduler()._window(request, partial=False).window_start == ms_to_positions(4_400)
+    assert Scheduler()._window(request, partial=False).window_start == AFTER_FIRST
 
     again = read(second_text, 5_000, 4_000 // len(second_text.split()), second_logprob)
     out = stream.apply(WindowResult("s", again, final=True))
@@ -546,8 +551,8 @@ def test_a_second_reading_reads_the_words_partials_committed_since_the_last_fina
                                     final=True))
     assert out.committed == [] and " ".join(w.text.strip() for w in out.tentative) == "and put it on a tray"
     window = Scheduler()._window(request, partial=False)  # the second reading's
-    assert window.window_start == ms_to_positions(4_400)
-    assert len(stream.policy.prompt_tokens(224, start_ms=4_400)) == len(first)  # one token each
+    assert window.window_start == AFTER_FIRST
+    assert len(stream.policy.prompt_tokens(224, start_ms=4_160)) == len(first)  # one token each
 
     out = stream.apply(WindowResult("s", read(said + "plate", 5_000, 900, second_logprob), final=True))
     assert " ".join(w.text.strip() for w in out.committed) == kept
@@ -816,3 +821,24 @@ def test_a_greedy_final_reads_the_windows_committed_words_for_later_prompts(temp
     assert [w.key for w in out.committed] == ["then", "shape", "the", "loaf"]
     assert " ".join(w.key for w in stream.policy.context) == context
     assert [w.key for w in stream.policy.committed[:6]] == [w.key for w in first]
+
+
+def test_partials_that_skip_speech_after_committed_words_near_the_windows_start_agree_on_none_past_it():
+    """A window cut at "We ate", committed by agreement, to read its sentence again: two
+    partials read it and the 8 s after it, "cold sandwiches on the floor...", as the one word
+    "wall.", the first stretched over all of it, the second at its end; they agreed, and the
+    speech was lost. Speech a partial skips after the window's committed words holds
+    agreement back however near the window's start they end."""
+    stream = speech_stream([(0, 12_000)], seconds=13)
+    request = stream.request
+    out = read_partials(stream, [], 0, [(9_000, "we ate cold sandwiches"), (9_500, "we ate told")])
+    assert [w.text for w in out.committed] == [" we", " ate"]  # they end 0.6 s into the window
+    for end_ms, word in ((10_000, Word(" wall.", 0, 9_800)), (11_000, Word(" wall.", 9_500, 10_900))):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", [word], final=False))
+    assert out.committed == [] and [w.text for w in stream.policy.committed] == [" we", " ate"]
+    read = words("we ate cold sandwiches on the floor and laughed about it", 0, 1_000)
+    for end_ms in (11_500, 12_000):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", read, final=False))
+    assert [w.text for w in stream.policy.committed] == [w.text for w in read]

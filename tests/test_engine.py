@@ -433,22 +433,23 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(mo
         calls.clear()
         output = engine.execute(step)
         (out,) = engine.update_from_output(output)
-        if window.final:
-            finals.append((window.window_end, out.committed))
+        if window.final:  # (its end, its words, where what comes after it is read from)
+            finals.append((window.window_end, out.committed, request.preview_start))
             if len(finals) == 2:  # drafted: the first final's tokens, then the last preview's
                 tokens = output.results[0].tokens  # 35, most of them the draft's
                 assert len(calls) < len(tokens) // 2
         elif finals and window.preview:
-            assert window.window_start == finals[-1][0]  # from the end of the last final
+            # from the last final's pause (SpeechMap.after_pause), not after its end
+            assert window.window_start == finals[-1][2] <= finals[-1][0]
             (inp,) = step.model_input.windows
             ts_begin = bundle().tokenizer.timestamp_begin
             assert [t for t in inp.prompt if t < ts_begin] == [
                 t for w in engine.streams["s"].policy.committed for t in w.tokens]
             assert out.committed == [] and output.results[0].preview
             previews.append(" ".join(normalize("".join(w.text for w in out.tentative))))
-    texts = [" ".join(normalize("".join(w.text for w in c))) for _, c in finals]
+    texts = [" ".join(normalize("".join(w.text for w in c))) for _, c, _ in finals]
     assert "young man" in texts[0] and "amiable woman" in texts[1]  # one final per sentence
-    assert request.preview_start == finals[-1][0] and request.window_start == 0  # kept as context
+    assert request.preview_start == finals[-1][2] and request.window_start == 0  # kept as context
     assert previews and "amiable woman" in previews[-1]  # the second sentence, tentative
     assert engine.runner.padded_length(100, preview=True) == 500  # a 10 s encoder pass
     assert engine.runner.padded_length(100) == 1500
@@ -1066,3 +1067,40 @@ def test_the_stem_store_gathers_each_windows_pieces_then_its_padding():
         expected = torch.cat([stems[key][lo:hi] for key, lo, hi in pieces])
         assert torch.equal(gathered[b, : len(expected)], expected)
         assert (gathered[b, len(expected) :] == 1).all()
+
+
+def test_after_a_final_that_a_short_pause_ended_the_next_reading_starts_in_the_pause(monkeypatch):
+    """Sentences a third of a second apart, one voice: the endpoint, a quarter second of VAD
+    pause, lies at the next sentence's onset. A window, a preview or a second reading that
+    starts there reads its first word wrong ("Pour in" read "Or,"); they start early in the
+    pause instead (SpeechMap.after_pause), and every sentence is read."""
+    from scripts import corpus
+
+    voice = corpus.Voice("espeak", "en-us", 165)
+    texts = corpus.PASSAGES[15][:4] + corpus.PASSAGES[16][:3]
+    pieces = [corpus.tts_piece(text, voice) for text in texts]
+    clip = corpus.layout("one-voice", "pauses-short", pieces, [0.33] * (len(pieces) - 1))
+    onsets = [s["onset"] * 1000 for s in clip.sentences]
+    ends = [s["end"] * 1000 for s in clip.sentences]
+    starts: list[tuple[int, int]] = []  # (a live final's end, where the reading after it starts), ms
+    apply = Stream.apply
+
+    def record(self: Stream, result):
+        before = self.request.preview_start
+        out = apply(self, result)
+        if result.final and self.request.preview_start != before:  # (not held, nor read again)
+            starts.append((positions_to_ms(self.request.num_decoded_positions),
+                           positions_to_ms(self.request.preview_start)))
+        return out
+
+    monkeypatch.setattr(Stream, "apply", record)
+    words = stream(Engine(bundle()), ["s"], [clip.audio])["s"]
+    between = [(end, start) for end, start in starts
+               if any(e <= end <= o + 200 for e, o in zip(ends[:-1], onsets[1:], strict=True))]
+    assert len(between) >= 2, starts
+    for end, start in between:  # in the pause before the onset the endpoint lies near
+        k = min(range(1, len(onsets)), key=lambda i: abs(onsets[i] - end))
+        assert ends[k - 1] + 50 <= start <= onsets[k] - 80, (start, end, ends[k - 1], onsets[k])
+    hypothesis = "".join(w.text for w in words)
+    errors, num_words = word_errors(" ".join(texts), hypothesis)
+    assert errors <= 0.2 * num_words, hypothesis

@@ -12,7 +12,7 @@ from engine.engine import Engine
 from engine.model import transcribe as transcribe_module
 from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
-from engine.speech_map import LAG_MS, ONSET_PAD_MS, SNAP_MS, SpeechMap
+from engine.speech_map import LAG_MS, ONSET_PAD_MS, RESUME_MS, SNAP_MS, SpeechMap
 from engine.words import Word, aligned_words, window_words
 from scripts import corpus
 from scripts.evaluate import replay_clip
@@ -137,6 +137,22 @@ def test_a_window_goes_on_before_an_onset_its_consumed_end_lies_just_before():
     assert speech.resume_at(3800, 3950) is None  # a run 200 ms after the last word is its own
     assert speech.resume_at(3000, 3500) is None  # a pause of 500 ms before the onset
     assert speech.resume_at(3000, 4300) == 4000 - ONSET_PAD_MS  # the run started before the end
+
+
+def test_the_reading_after_a_final_starts_early_in_the_pause_that_ended_it():
+    """Sentences 0.3 s apart: the endpoint (a quarter second of VAD pause) lies at the next
+    sentence's onset or in its first word. What comes after the final starts RESUME_MS into
+    the pause, where the VAD's speech ended, not at the endpoint."""
+    speech = speech_map([(0, 3008), (3296, 6016)], 6400)  # a pause of 288 ms
+    assert speech.after_pause(3264) == 3008 + RESUME_MS  # the endpoint, just before the onset
+    assert speech.after_pause(3328) == 3008 + RESUME_MS  # ... just after it (heard before)
+    assert speech.after_pause(3040) == 3040  # (never after the endpoint)
+    # speech runs through the endpoint (a dip under other voices): it stays where it is
+    assert speech.after_pause(2500) == 2500
+    assert speech.after_pause(3600) == 3600  # the next run began 304 ms before: its own
+    long = speech_map([(0, 3008), (4512, 6016)], 6400)  # a pause of 1.5 s
+    assert long.after_pause(3328) == 3008 + RESUME_MS
+    assert speech_map([], 6400).after_pause(3328) == 3328  # no speech remembered
 
 
 def test_speech_map_moves_word_edges_into_speech_and_drops_segments_of_silence():
