@@ -577,9 +577,11 @@ class Stream:
         seconds of VAD speech after the committed words that no word covers, where words follow
         it (Whisper, reading on from the window's committed words, passed over a sentence:
         under babble two partials that passed over "She said that tomatoes..." agreed on the
-        sentence after it). Agreement waits, wherever the skip begins (two partials read 8 s of
-        "We ate cold sandwiches ..." from the window's start as the one word "wall.", stretched
-        over it, and agreed on it). A final is retried from its committed end (`commit.retries`:
+        sentence after it). Agreement waits, wherever the skip begins in a window that holds
+        committed words (two partials read 8 s of "We ate cold sandwiches ..." from the window's
+        start as the one word "wall.", stretched over it, and agreed on it); in one that holds
+        none, only if it begins a second or more in (under babble the talker's first word often
+        comes seconds into the window). A final is retried from its committed end (`commit.retries`:
         speech past its committed words), if the skip begins a second or more into the window:
         speech a final skipped from the window's start is not read better from the same start,
         and its words are kept as decoded. So is speech at the window's end that no word reads
