@@ -5,8 +5,10 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
 
 - A preview (a partial over only the audio since the last final) shows words, never commits.
 - A final window (it ends at a pause, a flush or the end of the input) commits its decode
-  whole; it is cut there when it was flushed or is long, else its utterance stays in the
-  window as context for the next one (a short window alone decodes worse). A final whose
+  whole; it is cut there when it was flushed, else its utterance stays in the window as
+  context for the next one (a short window alone decodes worse); once over 10 s, only its
+  last sentence does (cut at that sentence's start; at its end if none began in its last 8 s
+  and it is over 15 s). A final whose
   committed words end seconds of speech before its end (Whisper, re-reading a committed
   utterance it was given as context, may end its text there; a file's final may stop
   before its last sentence) is cut at its committed end instead, and decoded again from
@@ -73,6 +75,12 @@ FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the l
 # a long window is cut at the start of the committed words' unfinished sentence (or clause) if
 # it began within this much before their end (else at their end)
 SENTENCE_CUT_POSITIONS = 5 * POSITIONS_PER_SECOND
+# a live final's window over KEEP_AFTER_POSITIONS is cut at the start of the last sentence it
+# committed, when that began within KEEP_SENTENCE_POSITIONS before its end: that sentence stays
+# as the next final's context (a sentence read alone, with no speech before it in its window,
+# reads worse than after one), and windows stay as long as cuts at 15 s left them
+KEEP_AFTER_POSITIONS = 10 * POSITIONS_PER_SECOND
+KEEP_SENTENCE_POSITIONS = 8 * POSITIONS_PER_SECOND
 
 
 class Action(enum.Enum):
@@ -221,16 +229,22 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
     """Where the window starts once the plan is applied (None: where it was).
     `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
     speech in the window past them, for a FINAL; `sentence_start`: where
-    the committed words' unfinished sentence starts; `passed_over`: a FINAL's decode passed
-    over the window's committed words and was not committed (`retries`); `mid_phrase`: the
-    committed words end inside a sentence or clause (no full stop or comma after the last). A
-    FINAL cut before where the reading after it starts (`WindowFacts.next_start`) is a retry."""
+    the committed words' unfinished sentence starts (for a live FINAL, their last sentence,
+    finished or not); `passed_over`: a FINAL's decode passed over the window's committed words
+    and was not committed (`retries`); `mid_phrase`: the committed words end inside a sentence
+    or clause (no full stop or comma after the last). A FINAL cut at its committed end before
+    where the reading after it starts (`WindowFacts.next_start`) is a retry; one that keeps its
+    last sentence is done."""
     length = facts.end - facts.start
     if action is Action.SHOW:
         return None
     if action is Action.FINAL:
         if retries(facts, committed_end, speech_after_ms, passed_over):
             return committed_end  # (each retry starts a second or more later: they end)
+        keep = max(facts.start, committed_end - KEEP_SENTENCE_POSITIONS)
+        if not facts.flushed and length > KEEP_AFTER_POSITIONS and sentence_start is not None \
+                and keep < sentence_start < committed_end:
+            return sentence_start  # the next final reads its sentence after this one
         return facts.next_start if facts.flushed or length > TRIM_AFTER_POSITIONS else None
     if action is Action.WHOLE:
         return facts.complete

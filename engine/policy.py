@@ -129,7 +129,8 @@ class LocalAgreement:
         cutoff = self.committed_end_ms - TIME_TOLERANCE_MS
         return 4 * sum(w.mid_ms < cutoff for w in hypothesis) >= n
 
-    def sentence_start_ms(self, within_ms: int, lead_ms: int = 200) -> int | None:
+    def sentence_start_ms(self, within_ms: int, lead_ms: int = 200,
+                          finished: bool = False) -> int | None:
         """Where the committed words' unfinished sentence starts, or failing one in their last
         `within_ms`, their unfinished clause (after a comma: run-on speech, read without full
         stops): `lead_ms` before the earlier of its first word's start and the word before's
@@ -137,10 +138,13 @@ class LocalAgreement:
         may end the one and start the other late (by up to about 0.2 s): a window that starts
         inside its first word is often read from the next sentence on, and one that starts
         deep inside the word before reads its tail as words.
-        None: the committed words end a sentence, or neither ends in their last `within_ms`
-        (the words before are not looked at: a session's committed words grow for hours)."""
+        With `finished`, the last sentence also when the committed words end it (a final's
+        window keeps it as the next final's context: `commit.KEEP_SENTENCE_POSITIONS`).
+        None: the committed words end a sentence (and not `finished`), or neither ends in their
+        last `within_ms` (the words before are not looked at: a session's committed words grow
+        for hours)."""
         words = self.committed
-        if not words or words[-1].ends_sentence:
+        if not words or (words[-1].ends_sentence and not finished):
             return None
 
         def after(k: int) -> int:  # the cut before the words after words[k]

@@ -50,7 +50,7 @@ from engine.timeline import (
     positions_to_samples,
     samples_to_ms,
 )
-from engine.words import Word, mean_logprob, shift_timestamps
+from engine.words import Word, mean_logprob, shift_timestamps, timed_prompt
 
 # speech within this of the committed words' end is taken for their tail (a last word's
 # aligned end may fall short of its sound)
@@ -451,19 +451,21 @@ class Stream:
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
         missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
-        sentence = policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
+        sentence = self._sentence_start_ms(live_final)
         cut = None if doubt or hold else commit.new_window_start(
             facts, plan.action, ms_to_positions(end_ms), missed,
             None if sentence is None else ms_to_positions(sentence), redo, policy.ends_inside_phrase)
         if cut is not None:
             self._cut(cut)
             self.fresh_window = False
-        retry = final and (doubt or (cut is not None and cut < facts.next_start))
+        # a final's retry is cut at its committed end; one that keeps its last sentence is done
+        retrying = final and commit.retries(facts, ms_to_positions(end_ms), missed, redo)
+        retry = final and (doubt or (retrying and cut is not None and cut < facts.next_start))
         flushed_ms, done = None, False
         if hold:
             self._hold(facts.end, new)
         elif final and not retry:  # (a retry's final stays due)
-            self._after_final(facts.end, facts.next_start)
+            self._after_final(facts)
             if facts.flushed:
                 flushed_ms = self.padding.audio_ms(positions_to_ms(facts.end))
             done = request.input_finished and request.window_start >= request.num_positions
@@ -546,6 +548,15 @@ class Stream:
         if resume is not None:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
+
+    def _sentence_start_ms(self, live_final: bool) -> int | None:
+        """Where a window cut may keep the committed words from: their unfinished sentence's
+        start, or for a live final's cut their last sentence's (`commit.KEEP_SENTENCE_POSITIONS`;
+        not at the stream's end, whose last final ends it)."""
+        if live_final and not self.request.input_finished:
+            keep_ms = positions_to_ms(commit.KEEP_SENTENCE_POSITIONS)
+            return self.policy.sentence_start_ms(keep_ms, finished=True)
+        return self.policy.sentence_start_ms(positions_to_ms(commit.SENTENCE_CUT_POSITIONS))
 
     def _reread_ms(self) -> int:
         """Where a final's second reading (`self.doubt`) starts: the last final's end (ms)."""
@@ -631,15 +642,31 @@ class Stream:
             return PolicyUpdate(update.committed + forced.committed, forced.tentative)
         return update
 
-    def _after_final(self, end: int, resume: int) -> None:
-        """A final decode committed everything before `end`: its pauses and flush are done;
-        what comes after it (previews, a second reading) is read from `resume`."""
+    def _after_final(self, facts: commit.WindowFacts) -> None:
+        """A final decode committed everything before its end: its pauses and flush are done;
+        what comes after it (previews, a second reading) is read from `facts.next_start`. A
+        window cut to keep the last sentence it committed as context has that sentence as its
+        draft: the next final reads it again, verified, not generated token by token."""
         request = self.request
-        self._pass_endpoints(end)
-        if request.flush_position <= end:
+        self._pass_endpoints(facts.end)
+        if request.flush_position <= facts.end:
             request.flush_position = 0
-        request.preview_start = max(request.window_start, resume)
+        start = request.window_start
+        request.preview_start = max(start, facts.next_start)
+        if facts.start < start < request.preview_start:
+            self.drafts[start] = (facts.end, self._kept_draft(start))
         self._prune_drafts()
+
+    def _kept_draft(self, start: int) -> list[int]:
+        """The committed words from `start` on (positions; the window's start) as a decode of
+        the window would read them: timed segments, a sentence each (`timed_prompt`)."""
+        policy, start_ms = self.policy, positions_to_ms(start)
+        window = policy.committed[len(policy.committed) - policy.num_window_committed :]
+        kept = [w for w in window if w.start_ms >= start_ms]
+        if not kept:
+            return []
+        tokens = timed_prompt(kept, self.timestamp_begin)
+        return shift_timestamps(tokens, ms_to_positions(kept[0].start_ms) - start, self.timestamp_begin)
 
     def _hold(self, end: int, words: list[Word]) -> None:
         """A final's words wait for the next final (commit.held): its pause is done, and the

@@ -8,6 +8,8 @@ from engine.commit import (
     DOUBT_LOGPROB,
     FORCE_KEEP_POSITIONS,
     HOLD_SILENCE_MS,
+    KEEP_AFTER_POSITIONS,
+    KEEP_SENTENCE_POSITIONS,
     RETRY_SPEECH_MS,
     TRIM_AFTER_POSITIONS,
     Action,
@@ -62,6 +64,23 @@ def test_a_final_is_cut_at_its_end_when_flushed_or_long_else_kept_as_context():
     assert new_window_start(facts(end=300, final=True, flushed=True), Action.FINAL, 300) == 300
     long = facts(end=TRIM_AFTER_POSITIONS + 1, final=True)
     assert new_window_start(long, Action.FINAL, 0) == TRIM_AFTER_POSITIONS + 1
+    # a window over KEEP_AFTER_POSITIONS keeps the last sentence it committed, when that began
+    # within KEEP_SENTENCE_POSITIONS of the committed end, as the next final's context
+    for length in (KEEP_AFTER_POSITIONS + 1, TRIM_AFTER_POSITIONS + 1):
+        window = facts(end=length, final=True)
+        end = length - 12
+        keep = end - KEEP_SENTENCE_POSITIONS
+        assert new_window_start(window, Action.FINAL, end, sentence_start=keep + 1) == keep + 1
+        expected = length if length > TRIM_AFTER_POSITIONS else None  # none began in its last 8 s
+        assert new_window_start(window, Action.FINAL, end, sentence_start=keep) == expected
+        flushed = facts(end=length, final=True, flushed=True)
+        assert new_window_start(flushed, Action.FINAL, end, sentence_start=keep + 1) == length
+    window = facts(end=KEEP_AFTER_POSITIONS, final=True)  # not over: it all stays
+    assert new_window_start(window, Action.FINAL, KEEP_AFTER_POSITIONS, sentence_start=100) is None
+    # the kept sentence must begin after the window's start (else nothing would leave it)
+    window = facts(start=100, end=100 + KEEP_AFTER_POSITIONS + 1, final=True)
+    assert new_window_start(window, Action.FINAL, 400, sentence_start=100) is None
+    assert new_window_start(window, Action.FINAL, 400, sentence_start=101) == 101
 
 
 def test_a_final_that_stopped_short_of_speech_is_decoded_again_from_its_committed_end():
@@ -290,6 +309,8 @@ def test_a_long_partial_is_cut_where_its_unfinished_sentence_starts_not_inside_i
     policy.update(sentence + words("Then shape it. And", 14_000))
     assert [w.text for w in policy.committed][-1] == " it."
     assert policy.sentence_start_ms(5_000) is None  # the committed words end a sentence
+    # ... which a final's cut keeps: "Then shape it." from 200 ms before "size." ends
+    assert policy.sentence_start_ms(5_000, finished=True) == policy.committed[-4].end_ms - 200
 
     long = facts(start=0, end=TRIM_AFTER_POSITIONS + 40)
     committed_end = ms_to_positions(14_400)

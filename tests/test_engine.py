@@ -1104,3 +1104,51 @@ def test_after_a_final_that_a_short_pause_ended_the_next_reading_starts_in_the_p
     hypothesis = "".join(w.text for w in words)
     errors, num_words = word_errors(" ".join(texts), hypothesis)
     assert errors <= 0.2 * num_words, hypothesis
+
+
+def test_a_long_windows_final_keeps_its_last_sentence_as_the_next_ones_context(monkeypatch):
+    """Sentences 1.5 s apart, one voice: a final's window grows past TRIM_AFTER_POSITIONS and
+    is cut at the start of the sentence it committed last, not at its end, so the next final
+    reads its sentence after that one (read alone, a sentence reads worse). The kept sentence
+    is read again as context, never committed twice, and the final is not taken for a retry;
+    its tokens are the window's draft (verified, not generated)."""
+    from scripts import corpus
+
+    voice = corpus.Voice("espeak", "en-us", 160)
+    texts = corpus.PASSAGES[2] + corpus.PASSAGES[5][:2]
+    pieces = [corpus.tts_piece(text, voice) for text in texts]
+    clip = corpus.layout("one-voice", "long-session", pieces, [1.5] * (len(pieces) - 1))
+    cuts: list[tuple[int, int]] = []  # (window start, committed end), ms, after each final's cut
+    drafts: list[tuple[list[int], list[int]]] = []  # (the kept words' tokens, the draft's text)
+    apply = Stream.apply
+
+    def record(self: Stream, result):
+        start = self.request.window_start
+        out = apply(self, result)
+        if result.final and self.request.window_start != start:
+            cuts.append((positions_to_ms(self.request.window_start), self.policy.committed_end_ms))
+            window = self.policy.committed[len(self.policy.committed) - self.policy.num_window_committed :]
+            kept = [w for w in window if w.start_ms >= positions_to_ms(self.request.window_start)]
+            if kept:
+                _, draft = self.drafts.get(self.request.window_start, (0, []))
+                drafts.append(([t for w in kept for t in w.tokens],
+                               [t for t in draft if t < self.timestamp_begin]))
+        return out
+
+    monkeypatch.setattr(Stream, "apply", record)
+    words = stream(Engine(bundle()), ["s"], [clip.audio])["s"]
+    onsets = [s["onset"] * 1000 for s in clip.sentences]
+    ends = [s["end"] * 1000 for s in clip.sentences]
+    kept = [(c, end) for c, end in cuts if c < end - 1000]
+    assert kept, cuts
+    for c, end in kept:  # at the pause before the last committed sentence (200 ms into the
+        k = max(i for i, onset in enumerate(onsets) if onset < end)  # word before, as aligned)
+        assert ends[k - 1] - 300 <= c <= onsets[k], (c, onsets[k], ends[k - 1])
+    assert len(drafts) == len(kept)
+    for tokens, draft in drafts:
+        assert draft[: len(tokens)] == tokens
+    reference = " ".join(texts)
+    hypothesis = "".join(w.text for w in words)
+    errors, num_words = word_errors(reference, hypothesis)
+    assert errors <= 0.25 * num_words, hypothesis
+    assert len(normalize(hypothesis)) <= num_words + 3, hypothesis  # no sentence committed twice
