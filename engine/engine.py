@@ -245,8 +245,9 @@ class Engine:
             prompt = stream.policy.prompt_tokens(self.config.prompt_tokens, since,
                                                  timestamp_begin=stream.timestamp_begin)
             draft = stream.draft(window.window_start, window.preview)
-            inp.windows.append(WindowInput(window, pieces, prompt, draft, stream.may_commit(window),
-                                           stream.heard_speech(window)))
+            inp.windows.append(WindowInput(window, pieces, prompt, draft,
+                                           stream.forced(window.window_start, window.preview),
+                                           stream.may_commit(window), stream.heard_speech(window)))
         return StepInput(scheduled, inp)
 
     def execute(self, step: StepInput) -> RunnerOutput:

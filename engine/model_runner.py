@@ -55,6 +55,7 @@ class WindowInput:
     pieces: list[tuple[str, int, int]]  # per item in the window: (hash, first, end embedding)
     prompt: list[int] = field(default_factory=list)  # committed tokens before the window
     draft: list[int] = field(default_factory=list)  # the tokens its decode is likely to give
+    forced: int = 0  # the draft's first tokens taken as given (DecodingOptions.forced)
     # its decode may commit words: they are timed from the audio (else a segment's time is
     # spread over its words, enough for the tentative tail)
     timed: bool = True
@@ -338,7 +339,7 @@ class ModelRunner:
     def _options(w: WindowInput) -> DecodingOptions:
         seconds = positions_to_seconds(w.window.window_end - w.window.window_start)
         return DecodingOptions(prompt=w.prompt, audio_seconds=seconds, draft=w.draft,
-                               speech_heard=w.speech_heard)
+                               forced=w.forced, speech_heard=w.speech_heard)
 
     def _window_result(self, window: ScheduledWindow, decoded: DecodingResult,
                        starts: list[float] | None = None) -> WindowResult:

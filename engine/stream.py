@@ -153,6 +153,9 @@ class Stream:
         # window start -> (window end, tokens) of the last decode from there: the draft of the
         # next decode of a window with that start (the window's and the preview's, at most two)
         self.drafts: dict[int, tuple[int, list[int]]] = {}
+        # (window start, tokens): a window cut to keep the last sentence a final committed reads
+        # that sentence's text as given (`forced`), its audio only as context
+        self.kept: tuple[int, int] | None = None
         self.split = (-1, 0)  # (window start, end) of the last final ended early at skipped speech
         # a live final's new words read unsure after context, or copying it: (window end, the
         # words, their mean token log-probability, how many are a copy), until the final read
@@ -363,6 +366,14 @@ class Stream:
             return tokens  # no preview since that decode
         return tokens + shift_timestamps(preview_tokens, preview_start - start, self.timestamp_begin)
 
+    def forced(self, start: int, preview: bool) -> int:
+        """How many of the draft's first tokens a decode of the window from `start` takes as
+        given: the kept sentence's (committed: read again, a window's tail read as a word
+        before it costs decoder calls, and what follows reads as after that text)."""
+        if preview or self.kept is None or self.kept[0] != start:
+            return 0
+        return self.kept[1]
+
     def heard_speech(self, window: ScheduledWindow) -> bool:
         """Whether the VAD heard speech in a window past its committed words (its decode is
         then no silence, whatever Whisper's no-speech probability says)."""
@@ -389,6 +400,8 @@ class Stream:
         keep = (self.request.window_start, self.request.preview_start)
         for start in [s for s in self.drafts if s not in keep]:
             del self.drafts[start]
+        if self.kept is not None and self.kept[0] != self.request.window_start:
+            self.kept = None
 
     # ------------------------------------------------------------------ the commit step
 
@@ -654,7 +667,8 @@ class Stream:
         start = request.window_start
         request.preview_start = max(start, facts.next_start)
         if facts.start < start < request.preview_start:
-            self.drafts[start] = (facts.end, self._kept_draft(start))
+            kept = self._kept_draft(start)
+            self.drafts[start], self.kept = (facts.end, kept), (start, len(kept))
         self._prune_drafts()
 
     def _kept_draft(self, start: int) -> list[int]:

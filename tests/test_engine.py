@@ -24,7 +24,7 @@ from audio.frames import (
 )
 from audio.mel import DYNAMIC_RANGE, log_mel_power, normalize_log_mel
 from audio.vad import detect
-from engine import worker
+from engine import model_runner, worker
 from engine.config import EngineConfig
 from engine.engine import Engine, StepInput
 from engine.model.transcribe import transcribe
@@ -1111,7 +1111,8 @@ def test_a_long_windows_final_keeps_its_last_sentence_as_the_next_ones_context(m
     is cut at the start of the sentence it committed last, not at its end, so the next final
     reads its sentence after that one (read alone, a sentence reads worse). The kept sentence
     is read again as context, never committed twice, and the final is not taken for a retry;
-    its tokens are the window's draft (verified, not generated)."""
+    its tokens open the window's draft and are taken as given (its text is not read again:
+    the next final's decode opens with it and reads on after it)."""
     from scripts import corpus
 
     voice = corpus.Voice("espeak", "en-us", 160)
@@ -1135,7 +1136,17 @@ def test_a_long_windows_final_keeps_its_last_sentence_as_the_next_ones_context(m
                                [t for t in draft if t < self.timestamp_begin]))
         return out
 
+    decode_batch = model_runner.decode_batch
+    forced: list[tuple[list[int], list[int]]] = []  # (forced tokens, the decode's), per such decode
+
+    def given(model, tokenizer, features, options, *args, **kwargs):
+        results = decode_batch(model, tokenizer, features, options, *args, **kwargs)
+        forced.extend((o.draft[: o.forced], r.tokens) for o, r in zip(options, results, strict=True)
+                      if o.forced)
+        return results
+
     monkeypatch.setattr(Stream, "apply", record)
+    monkeypatch.setattr(model_runner, "decode_batch", given)
     words = stream(Engine(bundle()), ["s"], [clip.audio])["s"]
     onsets = [s["onset"] * 1000 for s in clip.sentences]
     ends = [s["end"] * 1000 for s in clip.sentences]
@@ -1147,6 +1158,10 @@ def test_a_long_windows_final_keeps_its_last_sentence_as_the_next_ones_context(m
     assert len(drafts) == len(kept)
     for tokens, draft in drafts:
         assert draft[: len(tokens)] == tokens
+    # each kept window with speech after its kept sentence (the stream's last has none)
+    assert len(forced) >= sum(end < ends[-1] - 500 for _, end in kept) >= len(kept) - 1
+    for prefix, tokens in forced:
+        assert len(tokens) > len(prefix) and tokens[: len(prefix)] == prefix
     reference = " ".join(texts)
     hypothesis = "".join(w.text for w in words)
     errors, num_words = word_errors(reference, hypothesis)

@@ -2,6 +2,7 @@
 
 import json
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -243,14 +244,16 @@ def logprob_tolerance(model) -> float:
     return 1e-3 if model.dtype == torch.float32 else 5e-3
 
 
-def drafted_decode(monkeypatch, features, options, drafts) -> tuple[list, list[int]]:
-    """decode_batch with each row's draft -> its results and the decoder calls it made."""
+def drafted_decode(monkeypatch, features, options, drafts, forced: int = 0) -> tuple[list, list[int]]:
+    """decode_batch with each row's draft (its first `forced` tokens given) -> its results and
+    the decoder calls it made."""
     b = bundle()
     calls = []
     hidden = b.model.decoder.hidden
     monkeypatch.setattr(b.model.decoder, "hidden", lambda *a, **k: calls.append(1) or hidden(*a, **k))
     results = decode_batch(b.model, b.tokenizer, features,
-                           [DecodingOptions(prompt=o.prompt, audio_seconds=o.audio_seconds, draft=d)
+                           [DecodingOptions(prompt=o.prompt, audio_seconds=o.audio_seconds, draft=d,
+                                            forced=forced)
                             for o, d in zip(options, drafts, strict=True)], b.suppress)
     return results, calls
 
@@ -389,3 +392,37 @@ def test_an_int8_encoder_is_close_to_float32_and_transcribes_the_same_words():
         for name, model in (("fp32", exact_bundle()), ("int8", int8)):
             errors[name] += word_errors(transcripts()[path], transcribe(model, audio(path)).text)[0]
     assert errors["int8"] <= errors["fp32"] + 1, errors  # of the 71 words
+
+
+def test_a_drafts_forced_tokens_are_taken_as_given_and_the_rest_read_after_them(monkeypatch):
+    """A window that keeps a committed sentence as context reads its text as given (Whisper's
+    prefix): the forced tokens open the result even where greedy reads the audio otherwise,
+    at every temperature, weigh nothing in its score, and what follows is greedy's reading
+    after them (verified as a draft, it is read back unchanged)."""
+    b = bundle()
+    features, _, options = three_windows()
+    plain = decode_batch(b.model, b.tokenizer, features, options, b.suppress)
+    ts = b.tokenizer.timestamp_begin
+    row = plain[0].tokens
+    k = 9  # its first timestamp and 8 text tokens
+    texts = [i for i in range(k) if row[i] < ts]
+    assert row[0] >= ts and len(texts) == 8 and k < len(row) - 3
+    own = decode_batch(b.model, b.tokenizer, features[:1],
+                       [replace(options[0], draft=row, forced=k)], b.suppress)[0]
+    assert own.tokens == row  # greedy's own first segment: the same reading
+    assert own.token_logprobs[:k] == [0.0] * k
+    chosen = plain[0].token_logprobs[k:]
+    assert abs(own.avg_logprob - sum(chosen) / (len(chosen) + 1)) < logprob_tolerance(b.model)
+    other = list(row[:k])
+    other[texts[1]] = other[texts[0]]  # a word greedy would not read there
+    forced = decode_batch(b.model, b.tokenizer, features[:1],
+                          [replace(options[0], draft=other, forced=k)], b.suppress)[0]
+    verified = decode_batch(b.model, b.tokenizer, features[:1],
+                            [replace(options[0], draft=other)], b.suppress)[0]
+    assert forced.tokens[:k] == other and verified.tokens == row
+    assert len(forced.tokens) > k + 3 and forced.stop == "eot"
+    again, calls = drafted_decode(monkeypatch, features[:1], options[:1], [forced.tokens], forced=k)
+    assert again[0].tokens == forced.tokens and len(calls) <= 2
+    hot = decode_batch(b.model, b.tokenizer, features[:1],
+                       [replace(options[0], draft=other, forced=k, temperature=0.6, seed=3)], b.suppress)[0]
+    assert hot.tokens[:k] == other and len(hot.tokens) > k

@@ -43,6 +43,9 @@ class DecodingOptions:
     # tokens greedy decoding is likely to produce (the last decode of the window, a final's
     # with its preview after it): verified, not generated (temperature 0 only; decode_batch)
     draft: list[int] = field(default_factory=list)
+    # the draft's first `forced` tokens are taken as given, not verified (Whisper's prefix: the
+    # text of audio the window keeps as context, committed before; at every temperature)
+    forced: int = 0
     # the VAD heard speech in the window: Whisper's no-speech probability does not make the
     # decode silence (it is high under quiet or unclear speech the VAD hears for seconds)
     speech_heard: bool = False
@@ -265,6 +268,7 @@ class _Row:
         self.seq: list[int] = []
         self.logprobs: list[float] = []  # of each token in `seq`
         self.sum_logprob = 0.0  # of every token chosen, also those a repetition drop removed
+        self.num_chosen = 0  # tokens chosen (the forced ones are given)
         self.stop = ""  # set when the row is done
         self.no_speech_prob = 0.0
         self.pending: list[int] = []  # draft tokens greedy decoding left, waiting to resync
@@ -280,6 +284,7 @@ class _Row:
             self.stop = "eot"
             return eot
         self.sum_logprob += logprob
+        self.num_chosen += 1
         self.logprobs.append(logprob)
         self.seq.append(token)
         drop = repeated_tail(self.seq)
@@ -289,6 +294,13 @@ class _Row:
         elif len(self.seq) >= self.budget:
             self.stop = "budget"
         return token
+
+    def force(self, tokens: list[int]) -> int:
+        """Take the draft's forced tokens among `tokens` (those fed this call) -> how many."""
+        n = max(0, min(self.options.forced - len(self.seq), len(tokens)))
+        self.seq += tokens[:n]
+        self.logprobs += [0.0] * n  # (given, not chosen: they weigh nothing in the score)
+        return n
 
     def resync(self, chosen: int, timestamp_begin: int) -> list[int]:
         """Greedy decoding chose `chosen` -> the draft tokens to feed after it (`resync_draft`;
@@ -307,7 +319,7 @@ class _Row:
         return DecodingResult(
             tokens=self.seq,
             text=text,
-            avg_logprob=self.sum_logprob / (len(self.seq) + 1),
+            avg_logprob=self.sum_logprob / (self.num_chosen + 1),
             no_speech_prob=self.no_speech_prob,
             compression_ratio=compression_ratio(text),
             stop=self.stop or "budget",
@@ -414,7 +426,7 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     rules = LogitRules(tokenizer, suppress, model.dims.n_vocab, device)
     initials = [initial_tokens(tokenizer, o) for o in options]
     rows = [_Row(model, o, len(i), device) for o, i in zip(options, initials, strict=True)]
-    rests = [o.draft[: row.budget] if o.temperature == 0 else []
+    rests = [o.draft[: row.budget if o.temperature == 0 else min(o.forced, row.budget - 1)]
              for o, row in zip(options, rows, strict=True)]  # per row: draft tokens fed
     feeds = [i + d for i, d in zip(initials, rests, strict=True)]  # per row: tokens this call
     lengths = [0] * len(rows)  # per row: tokens in its cache (its next position)
@@ -448,8 +460,8 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
             here = chosen[offset : offset + len(rest) + 1]
             here_logprobs = chosen_logprobs[offset : offset + len(rest) + 1]
             offset += len(rest) + 1
-            accepted = 0
-            token = row.next_token(here[0], here_logprobs[0], eot)
+            accepted = row.force(rest)
+            token = row.next_token(here[accepted], here_logprobs[accepted], eot)
             while not row.stop and accepted < len(rest) and token == rest[accepted]:
                 accepted += 1
                 token = row.next_token(here[accepted], here_logprobs[accepted], eot)
