@@ -153,8 +153,8 @@ class Stream:
         # window start -> (window end, tokens) of the last decode from there: the draft of the
         # next decode of a window with that start (the window's and the preview's, at most two)
         self.drafts: dict[int, tuple[int, list[int]]] = {}
-        # (window start, tokens): a window cut to keep the last sentence a final committed reads
-        # that sentence's text as given (`forced`), its audio only as context
+        # (window start, number of tokens): a window cut to keep the last sentence a final
+        # committed reads that sentence's text as given (`forced`), its audio as context
         self.kept: tuple[int, int] | None = None
         self.split = (-1, 0)  # (window start, end) of the last final ended early at skipped speech
         # a live final's new words read unsure after context, or copying it: (window end, the
@@ -368,8 +368,9 @@ class Stream:
 
     def forced(self, start: int, preview: bool) -> int:
         """How many of the draft's first tokens a decode of the window from `start` takes as
-        given: the kept sentence's (committed: read again, a window's tail read as a word
-        before it costs decoder calls, and what follows reads as after that text)."""
+        given: those of the sentence the window keeps as context (`kept`). It is committed, and
+        read again it costs decoder calls wherever the reading differs (the tail of the word
+        before, read as a word; timestamps placed otherwise) for nothing it would commit."""
         if preview or self.kept is None or self.kept[0] != start:
             return 0
         return self.kept[1]
@@ -658,8 +659,9 @@ class Stream:
     def _after_final(self, facts: commit.WindowFacts) -> None:
         """A final decode committed everything before its end: its pauses and flush are done;
         what comes after it (previews, a second reading) is read from `facts.next_start`. A
-        window cut to keep the last sentence it committed as context has that sentence as its
-        draft: the next final reads it again, verified, not generated token by token."""
+        window cut to keep the last sentence it committed as context has that sentence's words
+        as the opening of its draft, taken as given (`forced`): the next final reads on after
+        them."""
         request = self.request
         self._pass_endpoints(facts.end)
         if request.flush_position <= facts.end:

@@ -449,7 +449,9 @@ def test_after_a_final_partials_preview_only_the_new_audio_and_commit_nothing(mo
             previews.append(" ".join(normalize("".join(w.text for w in out.tentative))))
     texts = [" ".join(normalize("".join(w.text for w in c))) for _, c, _ in finals]
     assert "young man" in texts[0] and "amiable woman" in texts[1]  # one final per sentence
-    assert request.preview_start == finals[-1][2] and request.window_start == 0  # kept as context
+    # the last final stays in the window as context (over 10 s, from its sentence's start)
+    assert request.preview_start == finals[-1][2]
+    assert positions_to_ms(request.window_start) <= finals[-1][1][0].start_ms < positions_to_ms(finals[-1][0])
     assert previews and "amiable woman" in previews[-1]  # the second sentence, tentative
     assert engine.runner.padded_length(100, preview=True) == 500  # a 10 s encoder pass
     assert engine.runner.padded_length(100) == 1500
