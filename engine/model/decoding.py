@@ -418,9 +418,11 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     one, and every draft token it agrees with saves a decoder call (speculative decoding).
     Where greedy differs, the rejected tokens' keys are dropped; the rest of the draft waits
     until greedy comes back in step with it (`resync_draft`) and is then fed again with the
-    chosen token. Finished rows leave the batch (their cache rows are dropped). `stop` is
-    asked before every decoder call; when it says so, DecodingCancelled is raised with the
-    finished rows' results and every row's tokens so far. `cross`: `cross_kv` of the audio."""
+    chosen token. A row's first `forced` draft tokens are taken as they are (Whisper's prefix:
+    text the caller knows the audio holds), at every temperature. Finished rows leave the
+    batch (their cache rows are dropped). `stop` is asked before every decoder call; when it
+    says so, DecodingCancelled is raised with the finished rows' results and every row's
+    tokens so far. `cross`: `cross_kv` of the audio."""
     device = audio_features.device
     eot, ts_begin = tokenizer.eot, tokenizer.timestamp_begin
     rules = LogitRules(tokenizer, suppress, model.dims.n_vocab, device)
