@@ -268,7 +268,7 @@ class _Row:
         self.seq: list[int] = []
         self.logprobs: list[float] = []  # of each token in `seq`
         self.sum_logprob = 0.0  # of every token chosen, also those a repetition drop removed
-        self.num_chosen = 0  # tokens chosen (the forced ones are given)
+        self.num_forced = 0  # tokens of `seq` given (`DecodingOptions.forced`), not chosen
         self.stop = ""  # set when the row is done
         self.no_speech_prob = 0.0
         self.pending: list[int] = []  # draft tokens greedy decoding left, waiting to resync
@@ -284,7 +284,6 @@ class _Row:
             self.stop = "eot"
             return eot
         self.sum_logprob += logprob
-        self.num_chosen += 1
         self.logprobs.append(logprob)
         self.seq.append(token)
         drop = repeated_tail(self.seq)
@@ -300,6 +299,7 @@ class _Row:
         n = max(0, min(self.options.forced - len(self.seq), len(tokens)))
         self.seq += tokens[:n]
         self.logprobs += [0.0] * n  # (given, not chosen: they weigh nothing in the score)
+        self.num_forced += n
         return n
 
     def resync(self, chosen: int, timestamp_begin: int) -> list[int]:
@@ -319,7 +319,7 @@ class _Row:
         return DecodingResult(
             tokens=self.seq,
             text=text,
-            avg_logprob=self.sum_logprob / (self.num_chosen + 1),
+            avg_logprob=self.sum_logprob / (len(self.seq) - self.num_forced + 1),
             no_speech_prob=self.no_speech_prob,
             compression_ratio=compression_ratio(text),
             stop=self.stop or "budget",
@@ -428,7 +428,7 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
     rules = LogitRules(tokenizer, suppress, model.dims.n_vocab, device)
     initials = [initial_tokens(tokenizer, o) for o in options]
     rows = [_Row(model, o, len(i), device) for o, i in zip(options, initials, strict=True)]
-    rests = [o.draft[: row.budget if o.temperature == 0 else min(o.forced, row.budget - 1)]
+    rests = [o.draft[: row.budget if o.temperature == 0 else min(o.forced, row.budget)]
              for o, row in zip(options, rows, strict=True)]  # per row: draft tokens fed
     feeds = [i + d for i, d in zip(initials, rests, strict=True)]  # per row: tokens this call
     lengths = [0] * len(rows)  # per row: tokens in its cache (its next position)
