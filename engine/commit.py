@@ -11,7 +11,8 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   and it is over 15 s). A final whose
   committed words end seconds of speech before its end (Whisper, re-reading a committed
   utterance it was given as context, may end its text there; a file's final may stop
-  before its last sentence) is cut at its committed end instead, and decoded again from
+  before its last sentence) is cut at its committed end instead (past the last word's sound,
+  where the VAD hears it end just after: `SpeechMap.past_tail`), and decoded again from
   there: that speech is never cut away unheard. So is a final whose decode passed over the
   committed words in its window (their times would be the alignment's guess), uncommitted.
 - A live final whose new words the decoder read unsure (their tokens' mean log-probability

@@ -116,6 +116,19 @@ class SpeechMap:
             return end_ms
         return min(end_ms, self.ends[k] + RESUME_MS)
 
+    def past_tail(self, end_ms: int, tail_ms: int) -> int:
+        """Where a reading after words that end at `end_ms` starts: RESUME_MS into the pause
+        after the run of speech `end_ms` lies in, where that run ends within `tail_ms` (the
+        last word's sound, its aligned end early), and ONSET_PAD_MS or more before the next
+        run; else `end_ms`."""
+        k = bisect.bisect_right(self.starts, end_ms) - 1  # the run that begins at or before end_ms
+        if k < 0 or not end_ms < self.ends[k] <= end_ms + tail_ms:
+            return end_ms
+        start = self.ends[k] + RESUME_MS
+        if k + 1 < len(self.starts):
+            start = min(start, self.starts[k + 1] - ONSET_PAD_MS)
+        return max(end_ms, start)
+
     def skip_end(self, hole: tuple[int, int]) -> int | None:
         """Where a window that skipped the speech of `hole` (`unheard`) ends when it is decoded
         again: ONSET_PAD_MS into the first pause after UNHEARD_SPEECH_MS of that speech, or

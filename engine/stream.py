@@ -469,11 +469,13 @@ class Stream:
         cut = None if doubt or hold else commit.new_window_start(
             facts, plan.action, ms_to_positions(end_ms), missed,
             None if sentence is None else ms_to_positions(sentence), redo, policy.ends_inside_phrase)
+        # a final's retry is cut at its committed end; one that keeps its last sentence is done
+        retrying = final and commit.retries(facts, ms_to_positions(end_ms), missed, redo)
+        if retrying and cut == ms_to_positions(end_ms):  # past the last word's sound
+            cut = ms_to_positions(self.speech.past_tail(end_ms, SPEECH_TAIL_MS))
         if cut is not None:
             self._cut(cut)
             self.fresh_window = False
-        # a final's retry is cut at its committed end; one that keeps its last sentence is done
-        retrying = final and commit.retries(facts, ms_to_positions(end_ms), missed, redo)
         retry = final and (doubt or (retrying and cut is not None and cut < facts.next_start))
         flushed_ms, done = None, False
         if hold:

@@ -739,6 +739,27 @@ def test_a_window_cut_at_the_committed_end_holds_none_of_the_committed_words():
     assert policy.num_window_committed == 2
 
 
+def test_a_final_decoded_again_from_its_committed_end_starts_past_the_last_words_sound():
+    """A retry's window (`commit.retries`) starts where the committed words end, on an item:
+    the alignment ends a last word before its sound does, and a window that opens on that
+    tail reads it as a word ("bed." read again as "Mmm dum", and the sentence after it lost).
+    Where the VAD's run of speech ends within SPEECH_TAIL_MS past the committed end, the
+    retry starts in the pause after it, still before the next speech's onset."""
+    stream = speech_stream([(0, 10_150), (11_000, 14_000)], seconds=15)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(14_400)
+    request.endpoints.append(ms_to_positions(14_400))
+    first = words("the first sentence is read", 0, 2_000)  # to 10 s
+    out = stream.apply(WindowResult("s", first, final=True))  # the sentence after passed over
+    assert [w.text for w in out.committed] == [w.text for w in first] and Scheduler.final_due(request)
+    assert ms_to_positions(10_150) <= request.window_start <= ms_to_positions(11_000 - 200)
+    stream = speech_stream([(0, 10_800), (11_000, 14_000)], seconds=15)  # speech on past the tail
+    stream.request.num_decoded_positions = ms_to_positions(14_400)
+    stream.request.endpoints.append(ms_to_positions(14_400))
+    stream.apply(WindowResult("s", first, final=True))
+    assert stream.request.window_start == ms_to_positions(10_000)
+
+
 def test_a_final_that_stops_seconds_of_speech_short_of_its_end_is_decoded_again_from_there():
     """A file's final read to "... than he was." and passed over the last sentence; cut short
     at the pause after that sentence, it passed over it again, and the file lost it. A final
@@ -753,7 +774,9 @@ def test_a_final_that_stops_seconds_of_speech_short_of_its_end_is_decoded_again_
     request.num_decoded_positions = request.endpoints[0]
     out = stream.apply(WindowResult("s", first, final=True))  # the last sentence passed over again
     assert len(out.committed) == 5
-    assert request.window_start == ms_to_positions(10_000) and Scheduler.final_due(request)
+    # (from the committed end, or past the VAD's run that ends just after it)
+    assert ms_to_positions(10_000) <= request.window_start <= ms_to_positions(10_800)
+    assert Scheduler.final_due(request)
     last = words("then the last sentence", 11_000, 700)
     out = stream.apply(WindowResult("s", last, final=True))
     assert [w.text for w in out.committed] == [w.text for w in last]
