@@ -44,7 +44,8 @@ class DecodingOptions:
     # with its preview after it): verified, not generated (temperature 0 only; decode_batch)
     draft: list[int] = field(default_factory=list)
     # the draft's first `forced` tokens are taken as given, not verified (Whisper's prefix: the
-    # text of audio the window keeps as context, committed before; at every temperature)
+    # text of audio the window keeps as context, committed before; at every temperature this
+    # decode is given: the runner's fallback, `decode_with_fallback`, decodes without it)
     forced: int = 0
     # the VAD heard speech in the window: Whisper's no-speech probability does not make the
     # decode silence (it is high under quiet or unclear speech the VAD hears for seconds)
