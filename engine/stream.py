@@ -471,7 +471,7 @@ class Stream:
             None if sentence is None else ms_to_positions(sentence), redo, policy.ends_inside_phrase)
         # a final's retry is cut at its committed end; one that keeps its last sentence is done
         retrying = final and commit.retries(facts, ms_to_positions(end_ms), missed, redo)
-        cut = self._retry_start(cut, end_ms) if retrying else cut
+        cut = self._retry_start(end_ms) if retrying and cut is not None else cut
         if cut is not None:
             self._cut(cut)
             self.fresh_window = False
@@ -564,12 +564,11 @@ class Stream:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
 
-    def _retry_start(self, cut: int | None, end_ms: int) -> int | None:
-        """Where a retrying final's window starts, given the cut (positions): at the committed
-        end (`end_ms`), past the last word's sound (`SpeechMap.past_tail`: the alignment ends a
-        last word early, and a window that opens on its tail reads it as a word)."""
-        if cut != ms_to_positions(end_ms):
-            return cut
+    def _retry_start(self, end_ms: int) -> int:
+        """Where a retrying final's window starts (positions; `commit.new_window_start` cuts it
+        at the committed end, `end_ms`): past the last word's sound (`SpeechMap.past_tail`: the
+        alignment ends a last word early, and a window that opens on its tail reads it as a
+        word)."""
         return ms_to_positions(self.speech.past_tail(end_ms, SPEECH_TAIL_MS))
 
     def _sentence_start_ms(self, live_final: bool) -> int | None:
