@@ -11,6 +11,7 @@ import torch
 from audio import AudioError, load_audio, pcm_to_float, resample
 from audio.container import RawFormat, decode, iter_decode, probe
 from audio.frames import CONTEXT_AFTER, ITEM_SAMPLES, AudioFramer
+from audio.io import float_to_pcm16
 from audio.mel import N_SAMPLES, log_mel_spectrogram, mel_filters
 from audio.stream import StreamResampler
 from audio.vad import SpeechDetector, detect
@@ -81,6 +82,16 @@ def test_pcm16_bytes_to_float():
     samples = np.array([0, 16384, -32768, 32767], dtype="<i2")
     out = pcm_to_float(samples.tobytes())
     assert out.tolist() == pytest.approx([0.0, 0.5, -1.0, 32767 / 32768])
+
+
+def test_pcm16_samples_come_back_from_float_unchanged():
+    # a client or the spool that writes PCM16 again must not take a step off every sample:
+    # speech 50 dB down is a few steps high, and truncated it loses its quiet half
+    every = np.arange(-32768, 32768, dtype=np.int64).astype("<i2")
+    again = np.frombuffer(float_to_pcm16(pcm_to_float(every.tobytes())), dtype="<i2")
+    assert np.array_equal(again, every)
+    steps = np.array([0.4, -0.4, 0.6, -0.6, 2.5, 1e9, -1e9]) / 32768
+    assert np.frombuffer(float_to_pcm16(steps), dtype="<i2").tolist() == [0, 0, 1, -1, 2, 32767, -32768]
 
 
 def test_float32_frames_are_zero_copy():

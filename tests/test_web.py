@@ -198,6 +198,24 @@ def test_browser_resampler_is_band_limited_and_seamless(server):
     assert np.isfinite(r["pass"])
 
 
+def test_the_page_sends_each_sample_as_the_nearest_pcm16_step(server):
+    # what the microphone and a file streamed from the page send: truncated, quiet input
+    # (a few steps high) would lose a step off every sample
+    steps = [0.4, -0.4, 0.6, -0.6, 7.0, -7.0, 32767.4, -32768.4]
+    script = f"""async () => {{
+      const {{ pcm16Sample }} = await import('/resampler.js');
+      const out = Int16Array.from({[v / 32768 for v in steps]}, pcm16Sample);
+      return [...out, pcm16Sample(1.5), pcm16Sample(-1.5)];
+    }}"""
+    with playwright.sync_playwright() as p:
+        chromium = browser(p)
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{server.server.port}/")
+        out = page.evaluate(script)
+        chromium.close()
+    assert out == [0, 0, 1, -1, 7, -7, 32767, -32768, 32767, -32768]
+
+
 def test_files_the_browser_cannot_decode_go_to_the_server_each_run_its_own(server, recording, tmp_path):
     """A format Chromium does not decode (MPEG-1 Layer II) is transcribed by the server's
     pre-recorded endpoint; a non-audio file gets the server's reason; each file is a

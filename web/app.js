@@ -9,7 +9,7 @@
 // here, nothing is dropped). A dropped connection is resumed with the session's resume
 // token: the server says how much audio it has, and the frames after that are sent again.
 
-import { OUT_RATE, Resampler } from "./resampler.js";
+import { OUT_RATE, Resampler, pcm16Sample } from "./resampler.js";
 
 const FRAME_MS = 50;
 const FRAME_SAMPLES = (OUT_RATE * FRAME_MS) / 1000;
@@ -306,7 +306,7 @@ async function streamFile(audio) {
   const listen = new ListenStream(view);
   for (let i = 0; i < samples.length; i += FRAME_SAMPLES) {
     const piece = samples.subarray(i, i + FRAME_SAMPLES);
-    listen.send(Int16Array.from(piece, (v) => Math.max(-32768, Math.min(32767, Math.round(v * 32767)))));
+    listen.send(Int16Array.from(piece, pcm16Sample));
   }
   await listen.finish();
   $("tentative").textContent = "";

@@ -6,6 +6,11 @@
 // would alias it). Used by worklet.js (microphone); tests run it in Chromium.
 
 export const OUT_RATE = 16000;
+
+// A float sample in [-1, 1] -> the nearest PCM16 step (the server reads a step as 1/32768).
+// An Int16Array truncates what it is given: a dead band around 0 that quiet input falls in.
+export const pcm16Sample = (v) => Math.max(-32768, Math.min(32767, Math.round(v * 32768)));
+
 const ZEROS = 16; // zero crossings of the sinc kept on each side
 
 export class Resampler {

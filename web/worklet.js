@@ -4,7 +4,7 @@
 // go to the page as Int16Array buffers (transferred, not copied), each with the 16 kHz
 // sample offset of its first sample.
 
-import { OUT_RATE, Resampler } from "./resampler.js";
+import { OUT_RATE, Resampler, pcm16Sample } from "./resampler.js";
 
 class CaptureProcessor extends AudioWorkletProcessor {
   constructor(options) {
@@ -31,8 +31,7 @@ class CaptureProcessor extends AudioWorkletProcessor {
     const channel = inputs[0]?.[0];
     if (channel) {
       for (const v of this.resampler.push(channel)) {
-        const s = Math.max(-1, Math.min(1, v));
-        this.pending[this.filled++] = s < 0 ? s * 0x8000 : s * 0x7fff;
+        this.pending[this.filled++] = pcm16Sample(v);
         if (this.filled === this.frameSize) this.emit(this.frameSize);
       }
     }
