@@ -175,6 +175,16 @@ class SpeechMap:
         """Whether the VAD heard the end of a run (not the speech it still hears)."""
         return run + 1 < len(self.ends) or not self.in_speech
 
+    def _across_pause(self, i: int, word: Word) -> bool:
+        """Whether `word`, starting in run `i`, reaches over a pause of at least PAUSE_MS into
+        the next run and lies mostly there: DTW gives a pause to the word after it where no
+        timestamp or punctuation stands between them, and the word then starts in the
+        speech before the pause (the VAD's hangover of it)."""
+        if i + 1 >= len(self.starts):
+            return False
+        end, after = self.ends[i] + self.PAD_MS, self.starts[i + 1] - self.PAD_MS
+        return after - end >= PAUSE_MS and word.start_ms < end and word.end_ms - after > end - word.start_ms
+
     def _near_speech(self, word: Word) -> bool:
         """Whether a run of speech comes within SNAP_MS of the word."""
         k = bisect.bisect_left(self.ends, word.start_ms - SNAP_MS)  # the first run ending after
@@ -220,7 +230,8 @@ class SpeechMap:
         earlier word (nor `floor_ms`, where the words' window starts) lies in that run and
         the run began at most ONSET_LEAD_MS before it, starts where the run does; a word after
         a full stop or a comma and a gap of at most LAG_MS (the punctuation's: `aligned_words`)
-        the VAD heard as speech throughout starts where the gap does."""
+        the VAD heard as speech throughout starts where the gap does; a word read over a
+        pause, mostly after it, starts where the speech after it does (`_across_pause`)."""
         heard = samples_to_ms(self.num_chunks * CHUNK_SAMPLES)
         pad = self.PAD_MS
 
@@ -246,6 +257,8 @@ class SpeechMap:
                     and kept[-2].ends_phrase \
                     and self.speech_ms(before, word.start_ms) >= word.start_ms - before:
                 word.start_ms = before  # punctuation with no pause: the lag is this word's
+            elif self._across_pause(i, word):
+                word.start_ms = min(self.starts[i + 1] - pad, word.end_ms - MIN_WORD_MS)
             j = bisect.bisect_left(self.starts, word.end_ms - pad) - 1  # the last run starting before
             if j >= 0 and word.start_ms - SNAP_MS < self.ends[j] + pad < word.end_ms:
                 word.end_ms = max(self.ends[j] + pad, word.start_ms + MIN_WORD_MS)

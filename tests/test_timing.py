@@ -212,6 +212,26 @@ def test_a_word_after_punctuation_with_no_pause_starts_where_the_word_before_end
     assert far.start_ms == 5200 + LAG_MS + 100
 
 
+def test_a_word_read_across_a_pause_starts_where_its_speech_after_the_pause_does():
+    """With no timestamp or punctuation between two sentences ("customers Everyone"), DTW
+    gives the pause to the next word, which then starts in the VAD's hangover of the speech
+    before: it starts where the speech after the pause does, when most of it lies there. A
+    word that lies mostly before the pause, or spans a dip shorter than PAUSE_MS, stays."""
+    pad = SpeechMap.PAD_MS
+    speech = speech_map([(1024, 4000), (5024, 8000)], 9000)
+    before = Word(" customers", 3300, 3620)
+    across = Word(" Everyone", 3620, 5600)  # 410 ms before the pause's 1 s, 606 ms after it
+    assert speech.fit([before, across]) == [before, across]
+    assert across.start_ms == 5024 - pad and before.start_ms == 3300
+    long = Word(" everything", 3300, 5200)  # mostly before the pause: its end is the misplaced edge
+    speech.fit([long])
+    assert long.start_ms == 3300
+    dip = speech_map([(1024, 3008), (3200, 6016)], 7000)  # a 192 ms dip in speech, no pause
+    word = Word(" across", 2800, 3600)
+    dip.fit([word])
+    assert word.start_ms == 2800
+
+
 def test_a_mark_before_a_closing_quote_or_bracket_still_ends_the_phrase():
     assert Word(' said."', 0, 1).ends_sentence and Word(" (really)?", 0, 1).ends_sentence
     assert Word(" it),", 0, 1).ends_clause and Word(" \u201cno,\u201d", 0, 1).ends_phrase
