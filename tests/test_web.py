@@ -79,6 +79,17 @@ def stop_and_read(page) -> tuple[str, str]:
     return committed_text(page), page.text_content("#status")
 
 
+def run_on_page(server: ThreadedServer, script: str):
+    """What `script` (a JavaScript function) returns, run in the page the server serves."""
+    with playwright.sync_playwright() as p:
+        chromium = browser(p)
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{server.server.port}/")
+        out = page.evaluate(script)
+        chromium.close()
+    return out
+
+
 def screenshot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
@@ -185,12 +196,7 @@ def test_browser_resampler_is_band_limited_and_seamless(server):
       return {pass: rms(mid(pass)), alias: rms(mid(alias)), input: rms(sine(1000, 96000)),
               n: pass.length, diff, lengths: [once.length, parts.length]};
     }"""
-    with playwright.sync_playwright() as p:
-        chromium = browser(p)
-        page = chromium.new_page()
-        page.goto(f"http://127.0.0.1:{server.server.port}/")
-        r = page.evaluate(script)
-        chromium.close()
+    r = run_on_page(server, script)
     assert r["n"] == 32000  # 2 s at 16 kHz, the held-back tail flushed
     assert abs(r["pass"] / r["input"] - 1) < 0.01  # 1 kHz passes at unity gain
     assert r["alias"] / r["input"] < 1e-3  # 12 kHz (above 8 kHz) is removed, not folded to 4 kHz
@@ -207,12 +213,7 @@ def test_the_page_sends_each_sample_as_the_nearest_pcm16_step(server):
       const out = Int16Array.from({[v / 32768 for v in steps]}, pcm16Sample);
       return [...out, pcm16Sample(1.5), pcm16Sample(-1.5)];
     }}"""
-    with playwright.sync_playwright() as p:
-        chromium = browser(p)
-        page = chromium.new_page()
-        page.goto(f"http://127.0.0.1:{server.server.port}/")
-        out = page.evaluate(script)
-        chromium.close()
+    out = run_on_page(server, script)
     assert out == [0, 0, 1, -1, 7, -7, 32767, -32768, 32767, -32768]
 
 
