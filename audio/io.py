@@ -89,8 +89,9 @@ def pcm_to_float(data: bytes | bytearray | memoryview, encoding: str = "pcm16",
 
 
 def float_to_pcm16(audio: torch.Tensor | np.ndarray) -> bytes:
-    """(n,) float in [-1, 1] -> little-endian PCM16 bytes (clipped), each sample the nearest
-    step: the inverse of `pcm_to_float`, so PCM16 audio read and written again is unchanged
-    (truncated, every sample would lose a step, and speech a few steps high its quiet half)."""
+    """(n,) float in [-1, 1] -> little-endian PCM16 bytes (clipped; (n, channels) frames come
+    out interleaved), each sample the nearest step: the inverse of `pcm_to_float`, so PCM16
+    audio read and written again is unchanged (truncated, every sample would lose a step, and
+    speech a few steps high its quiet half)."""
     array = audio.numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
     return np.clip(np.rint(array * 32768.0), -32768, 32767).astype("<i2").tobytes()

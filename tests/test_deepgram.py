@@ -24,6 +24,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from app.replay import result_words, transcript
+from audio.io import float_to_pcm16
 from tests.helpers import encode
 from tests.server_client import g711, pcm16_at, receive_all, resample_to, running_server
 from tests.test_server import clip, error_rate
@@ -148,7 +149,7 @@ async def test_listen_encodings_and_channels(tmp_path, encoding, rate, channels)
     at_rate = torch.clamp(resample_to(samples, rate, 16000), -1, 1).numpy()
     if encoding == "linear16":  # two channels: the voice on the left, a quieter copy on the right
         frames = np.stack([at_rate, 0.5 * at_rate], axis=1)
-        payload = (frames * 32767).astype("<i2").tobytes()
+        payload = float_to_pcm16(frames)  # interleaved: a frame's samples in a row
     else:
         payload = g711(at_rate, encoding)
     query = f"?encoding={encoding}&sample_rate={rate}&channels={channels}"
