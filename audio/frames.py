@@ -24,7 +24,10 @@ LOWEST_LOG_FLOOR = -11.0  # its lower bound
 FLOOR_STEP = 0.25  # floors are rounded to this: few distinct item hashes
 PAUSE_ITEMS = 4  # 320 ms without speech end an utterance (see LogFloor)
 UTTERANCE_MARGIN = 1.0  # 10 dB (log10 power): an utterance this much under the session's loudest
-NOMINAL_LEVEL = 0.0  # log10 mel power: speech's loudest level 10 dB under a usual one (-33 dBFS RMS)
+# log10 mel power, speech's loudest level: at a usual level (-23 dBFS RMS), and 10 dB under it
+USUAL_LEVEL = 1.0
+QUIET_LEVEL = 0.0  # speech under this is brought up to it; speech over it is left as it came
+FAINT_LEVEL = -0.5  # speech under this (15 dB under a usual level) is brought up to USUAL_LEVEL
 MAX_GAIN = 3.6  # 36 dB (log10 power): the most quiet speech is brought up
 GAIN_ATTACK = 0.25  # 2.5 dB: the most the gain rises from one item to the next
 GAIN_HOLD_ITEMS = 6  # 480 ms: an utterance's speech before the gain may rise
@@ -90,11 +93,14 @@ class LogFloor:
 
     Whisper reads quiet speech worse than the same speech at a usual level: its features
     are absolute log power, learned from speech at usual levels (docs/evaluation.md, Quiet
-    speech brought up). So an item's audio is brought up by the gain that puts the level
-    its floor counts from near `NOMINAL_LEVEL` (`gain`: never over it, at most `MAX_GAIN`,
-    never down, none before the first speech: noise alone is not brought up), and its floor
-    is counted in that audio. The model reads a quiet microphone as a usual one; the VAD,
-    the speech tracking and the levels read the audio as it came.
+    speech brought up). So an item whose floor counts from a level under `FAINT_LEVEL` has
+    its audio brought up by the gain that puts that level near `USUAL_LEVEL`, and one under
+    `QUIET_LEVEL` near that (`gain`: never over it, at most `MAX_GAIN`, none before the first
+    speech: noise alone is not brought up), and its floor is counted in that audio. Speech
+    within 10 dB of the usual level is left as it came (brought up, a real recording 10 dB
+    under the others read a word otherwise). The
+    model reads a quiet microphone as a usual one; the VAD, the speech tracking and the
+    levels read the audio as it came.
 
     Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
     counts from the loudest level speech could hold (`loudest_levels`: held 40 ms, over 75
@@ -104,12 +110,12 @@ class LogFloor:
     (counted from the loudest sound of the session, the floor would clip its quiet bins
     away). A pause holds the last utterance's floor (silence is not drawn deeper than the
     speech around it). Silence before the session's first speech counts from at least
-    `NOMINAL_LEVEL`, the level speech is brought up to: counted from the silence itself, a
+    `QUIET_LEVEL`, the quietest level speech is left at: counted from the silence itself, a
     file's leading digital silence showed 30 dB darker than Whisper shows silence beside
     speech, and the first window read otherwise (a long file's prompts carry it on). The
     floor is causal and each item's features depend on its samples, its gain and its floor
-    alone (all in its hash). Bounded: loud speech (loudest bins near 1) gives the upper
-    bound, -7; speech brought up about -8."""
+    alone (all in its hash). Bounded: loud speech (loudest bins near 1), and speech brought
+    up, give the upper bound, -7."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
@@ -135,23 +141,30 @@ class LogFloor:
         return gain, level + gain
 
     def gain(self, level: float) -> float:
-        """The next item's gain, its floor counting from `level`: up to `NOMINAL_LEVEL` and not
-        over it, once the session has speech, in the floors' steps (few distinct item
-        hashes). It falls at once. In the session's first utterance it rises at once too:
-        nothing was heard at another gain before it, and heard fading in (its onset as it
-        came, the rest rising) a quiet session's first words are lost. After it, the gain
-        rises by `GAIN_ATTACK` an item at most, and only once the utterance has been heard
-        for `GAIN_HOLD_ITEMS`: the level is causal, counted from an utterance's first items
-        before its loudest, and each quiet onset after speech at a usual level would be
-        brought up far over the speech around it."""
-        target = 0.0
-        if self.utterance is not None:
-            target = math.floor(min(max(NOMINAL_LEVEL - level, 0.0), MAX_GAIN) / FLOOR_STEP) * FLOOR_STEP
-        if self.utterances == 1:
-            rise = math.inf
-        else:
-            rise = GAIN_ATTACK if self.utterance_items >= GAIN_HOLD_ITEMS else 0.0
-        self.last_gain = min(target, self.last_gain + rise)
+        """The next item's gain, its floor counting from `level`: none where that is
+        `QUIET_LEVEL` or over; under it, up to `QUIET_LEVEL`, and under `FAINT_LEVEL` up to
+        `USUAL_LEVEL`, and not over it, once the session has speech, in the floors' steps (few
+        distinct item hashes). (Brought only up to `QUIET_LEVEL`, the same speech 20 or 30 dB
+        down read up to 5 points worse than at 0 dB; brought up to `USUAL_LEVEL` from under
+        `QUIET_LEVEL`, a real recording whose level rises through it over its first words
+        heard them 10 dB over the rest: docs/evaluation.md, Quiet speech brought up to a usual
+        level.) It falls at once. It rises by `GAIN_ATTACK` an item at most, and only once the
+        utterance has been heard for `GAIN_HOLD_ITEMS`: the level is causal, counted from an
+        utterance's first items before its loudest, and each quiet onset after speech at a
+        usual level would be brought up far over the speech around it. In the session's first
+        utterance it rises at once as
+        far as `QUIET_LEVEL`: nothing was heard at another gain before it, and heard fading in
+        (its onset as it came, the rest rising) a quiet session's first words are lost; the
+        onset of speech at a usual level, its level under `FAINT_LEVEL` for its first items,
+        is brought up no further than `QUIET_LEVEL`."""
+        quiet = self.utterance is not None and level < QUIET_LEVEL
+        aim = USUAL_LEVEL if level < FAINT_LEVEL else QUIET_LEVEL
+        target = _steps(aim - level) if quiet else 0.0
+        rise = GAIN_ATTACK if self.utterance_items >= GAIN_HOLD_ITEMS else 0.0
+        gain = self.last_gain + rise
+        if self.utterances == 1 and quiet:
+            gain = max(gain, _steps(QUIET_LEVEL - level))
+        self.last_gain = min(target, gain)
         return self.last_gain
 
     def next_level(self, level: float, speech: bool) -> float:
@@ -167,10 +180,15 @@ class LogFloor:
         else:
             self.quiet_items += 1
         if self.utterance is None:
-            return max(self.loudest, NOMINAL_LEVEL)
+            return max(self.loudest, QUIET_LEVEL)
         if self.quiet_items < PAUSE_ITEMS:
             self.utterance = max(self.utterance, level)
         return min(self.loudest, self.utterance + UTTERANCE_MARGIN)
+
+
+def _steps(gain: float) -> float:
+    """A gain (log10 power, not negative) -> the floors' steps it holds, at most `MAX_GAIN`."""
+    return math.floor(min(gain, MAX_GAIN) / FLOOR_STEP) * FLOOR_STEP
 
 
 def item_gain_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n_mels: int = 80,

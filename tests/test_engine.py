@@ -16,7 +16,7 @@ from app.metrics import Metrics
 from audio.frames import (
     FLOOR_STEP,
     ITEM_SAMPLES,
-    NOMINAL_LEVEL,
+    QUIET_LEVEL,
     STREAM_LOG_FLOOR,
     UTTERANCE_MARGIN,
     AudioFramer,
@@ -137,7 +137,7 @@ def test_a_quiet_voice_after_a_loud_sound_keeps_its_own_log_mel_floor(db, sound)
     voice = slice((lead + speech_onset_ms(quiet) * 16 + 32000) // ITEM_SAMPLES, None)
     assert floors[: lead // ITEM_SAMPLES].max() >= STREAM_LOG_FLOOR - 0.5
     assert gains[voice].min() >= 0.5 and np.all(gains[voice] >= gains_alone[voice] - UTTERANCE_MARGIN)
-    assert np.all(floors[voice] >= NOMINAL_LEVEL - DYNAMIC_RANGE - UTTERANCE_MARGIN - FLOOR_STEP)
+    assert np.all(floors[voice] >= QUIET_LEVEL - DYNAMIC_RANGE - UTTERANCE_MARGIN - FLOOR_STEP)
 
     stream = Stream("s", EngineConfig(), hash_key("model", ITEM_SAMPLES), 0)
     rng, at = np.random.default_rng(0), 0
