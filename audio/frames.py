@@ -95,12 +95,12 @@ class LogFloor:
     are absolute log power, learned from speech at usual levels (docs/evaluation.md, Quiet
     speech brought up). So an item whose floor counts from a level under `FAINT_LEVEL` has
     its audio brought up by the gain that puts that level near `USUAL_LEVEL`, and one under
-    `QUIET_LEVEL` near that (`gain`: never over it, at most `MAX_GAIN`, none before the first
-    speech: noise alone is not brought up), and its floor is counted in that audio. Speech
-    within 10 dB of the usual level is left as it came (brought up, a real recording 10 dB
-    under the others read a word otherwise). The
-    model reads a quiet microphone as a usual one; the VAD, the speech tracking and the
-    levels read the audio as it came.
+    `QUIET_LEVEL` (but not under `FAINT_LEVEL`) near `QUIET_LEVEL` (`gain`: never over it, at
+    most `MAX_GAIN`, none before the first speech: noise alone is not brought up), and its
+    floor is counted in that audio. Speech within 10 dB of the usual level is left as it came
+    (brought up, a real recording 10 dB under the others read a word otherwise). The model
+    reads a quiet microphone as a usual one; the VAD, the speech tracking and the levels read
+    the audio as it came.
 
     Whisper clamps the log-mel at the loudest bin of its 30 s input minus 80 dB. Streaming
     counts from the loudest level speech could hold (`loudest_levels`: held 40 ms, over 75
@@ -115,7 +115,7 @@ class LogFloor:
     speech, and the first window read otherwise (a long file's prompts carry it on). The
     floor is causal and each item's features depend on its samples, its gain and its floor
     alone (all in its hash). Bounded: loud speech (loudest bins near 1), and speech brought
-    up, give the upper bound, -7."""
+    up to `USUAL_LEVEL`, give the upper bound, -7; speech brought up to `QUIET_LEVEL` -8."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
@@ -145,18 +145,17 @@ class LogFloor:
         `QUIET_LEVEL` or over; under it, up to `QUIET_LEVEL`, and under `FAINT_LEVEL` up to
         `USUAL_LEVEL`, and not over it, once the session has speech, in the floors' steps (few
         distinct item hashes). (Brought only up to `QUIET_LEVEL`, the same speech 20 or 30 dB
-        down read up to 5 points worse than at 0 dB; brought up to `USUAL_LEVEL` from under
+        down read up to 6 points worse than at 0 dB; brought up to `USUAL_LEVEL` from under
         `QUIET_LEVEL`, a real recording whose level rises through it over its first words
         heard them 10 dB over the rest: docs/evaluation.md, Quiet speech brought up to a usual
         level.) It falls at once. It rises by `GAIN_ATTACK` an item at most, and only once the
         utterance has been heard for `GAIN_HOLD_ITEMS`: the level is causal, counted from an
         utterance's first items before its loudest, and each quiet onset after speech at a
         usual level would be brought up far over the speech around it. In the session's first
-        utterance it rises at once as
-        far as `QUIET_LEVEL`: nothing was heard at another gain before it, and heard fading in
-        (its onset as it came, the rest rising) a quiet session's first words are lost; the
-        onset of speech at a usual level, its level under `FAINT_LEVEL` for its first items,
-        is brought up no further than `QUIET_LEVEL`."""
+        utterance it rises at once as far as `QUIET_LEVEL`: nothing was heard at another gain
+        before it, and heard fading in (its onset as it came, the rest rising) a quiet
+        session's first words are lost; the onset of speech at a usual level, its level under
+        `FAINT_LEVEL` for its first items, is brought up no further than `QUIET_LEVEL`."""
         quiet = self.utterance is not None and level < QUIET_LEVEL
         aim = USUAL_LEVEL if level < FAINT_LEVEL else QUIET_LEVEL
         target = _steps(aim - level) if quiet else 0.0

@@ -247,9 +247,9 @@ def test_quiet_speech_is_brought_up_to_a_usual_level_for_the_model():
     (never over it, none before the first speech), and its floor is counted in that audio:
     the same speech 20 dB and 30 dB quieter gives the model the features it has at its usual
     level, where a fixed floor clipped most of its range away (brought only 10 dB under it,
-    some voices read 2-6 points worse). Speech 5 dB under that level is left as it came, and
-    speech 12 dB under it is brought up no further than `QUIET_LEVEL`. The
-    gain rises 2.5 dB an item at most, and with one voice it never rises once it has risen."""
+    some voices read up to 6 points worse). Speech 5 dB under that level is left as it came,
+    and speech 12 dB under it is brought up no further than `QUIET_LEVEL`. The gain rises 2.5
+    dB an item at most, and with one voice it never rises once it has risen."""
     from audio.frames import STREAM_LOG_FLOOR, USUAL_LEVEL, amplitude
     from audio.mel import log_mel_power, loudest_levels
 
