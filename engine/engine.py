@@ -96,8 +96,9 @@ class Engine:
         wait behind (see Scheduler.schedule)."""
         if request_id in self.streams:
             raise ValueError(f"request {request_id!r} already exists")
-        stream = Stream(request_id, self.config, self._hash_key, self.bundle.tokenizer.timestamp_begin,
-                        self.bundle.model.dims.n_mels, background)
+        tokenizer = self.bundle.tokenizer
+        stream = Stream(request_id, self.config, self._hash_key, tokenizer.timestamp_begin,
+                        self.bundle.model.dims.n_mels, background, tokenizer.full_stop)
         self.streams[request_id] = stream
         self.scheduler.add_request(stream.request)
 

@@ -209,6 +209,14 @@ class LocalAgreement:
         self.previous = []
         return PolicyUpdate(list(words), [])
 
+    def close(self, full_stop: int) -> None:
+        """A live final ended on the last committed word at a pause: where it has no full stop
+        or comma, later prompts read one after it (`Word.stop`). Whisper carries a prompt's
+        style on: prompted with sentences that end without one, it reads the next ones
+        without, and reads them worse (docs/evaluation.md, A final's full stop)."""
+        if self.committed and not self.committed[-1].ends_phrase:
+            self.committed[-1].stop = [full_stop]
+
     def force_commit_until(self, end_ms: int) -> PolicyUpdate:
         """Commit tentative words ending before `end_ms` (the window is about to be cut)."""
         n = 0
@@ -260,14 +268,14 @@ class LocalAgreement:
         num_tokens = 2 if timed else 0  # the last segment's timestamps
         before = len(self.context) - _num_since(self.context, self.num_window_context, start_ms)
         for word in reversed(self.context[max(self.prompt_floor, before - max_tokens) : before]):
-            extra = 2 if timed and word.ends_sentence else 0
-            if num_tokens + len(word.tokens) + extra > max_tokens:
+            extra = 2 if timed and word.ends_prompt_sentence else 0
+            if num_tokens + len(word.prompt_tokens) + extra > max_tokens:
                 break
             words.insert(0, word)
-            num_tokens += len(word.tokens) + extra
+            num_tokens += len(word.prompt_tokens) + extra
         if timed:
             return timed_prompt(words, timestamp_begin)
-        return [t for word in words for t in word.tokens]
+        return [t for word in words for t in word.prompt_tokens]
 
 
 def _num_since(words: list[Word], n: int, start_ms: int | None) -> int:

@@ -133,7 +133,7 @@ class PaddingMap:
 
 class Stream:
     def __init__(self, request_id: str, config: EngineConfig, key: bytes, timestamp_begin: int,
-                 n_mels: int = 80, background: bool = False):
+                 n_mels: int = 80, background: bool = False, full_stop: int | None = None):
         self.config = config
         self.request = Request(request_id, background=background)
         self.framer = AudioFramer(config.item_samples)
@@ -169,6 +169,7 @@ class Stream:
         self.fresh_window = True
         self.key = key
         self.timestamp_begin = timestamp_begin
+        self.full_stop = full_stop  # the token a prompt reads after a live final (`LocalAgreement.close`)
         self.item_positions = item_positions(config.item_samples)  # 4 for 80 ms
         endpoint_ms = config.endpoint_ms
         if background and endpoint_ms is not None:
@@ -667,10 +668,13 @@ class Stream:
     def _after_final(self, facts: commit.WindowFacts) -> None:
         """A final decode committed everything before its end: its pauses and flush are done;
         what comes after it (previews, a second reading) is read from `facts.next_start`. A
-        window cut to keep the last sentence it committed as context has that sentence's words
-        as the opening of its draft, taken as given (`forced`): the next final reads on after
-        them."""
+        live final ends at a pause (not at a flush): later prompts read a sentence's end after
+        its last word (`LocalAgreement.close`). A window cut to keep the last sentence it
+        committed as context has that sentence's words as the opening of its draft, taken as
+        given (`forced`): the next final reads on after them."""
         request = self.request
+        if not (facts.flushed or request.background) and self.full_stop is not None:
+            self.policy.close(self.full_stop)
         self._pass_endpoints(facts.end)
         if request.flush_position <= facts.end:
             request.flush_position = 0

@@ -36,6 +36,9 @@ class Word:
     probability: float | None = None  # the mean of its tokens' probabilities (None: unknown)
     logprob: float | None = None  # the sum of its tokens' log-probabilities (None: unknown)
     segment: int = 0  # the decode's segment it is in (SpeechMap.fit keeps or drops one whole)
+    # tokens a prompt reads after it: a full stop where a live final ended on it at a pause
+    # (`LocalAgreement.close`); the text stays as decoded
+    stop: list[int] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -49,6 +52,15 @@ class Word:
     @property
     def ends_sentence(self) -> bool:
         return self._last_mark.endswith(SENTENCE_ENDS)
+
+    @property
+    def ends_prompt_sentence(self) -> bool:
+        """A prompt reads a sentence's end after it: its own full stop, or a `stop`."""
+        return self.ends_sentence or bool(self.stop)
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        return self.tokens + self.stop
 
     @property
     def ends_clause(self) -> bool:
@@ -243,8 +255,8 @@ def timed_prompt(words: list[Word], timestamp_begin: int) -> list[int]:
                 origin = word.start_ms
             out.append(timestamp_begin + _stamp(word.start_ms - origin))
             open_ = True
-        out += word.tokens
-        if word.ends_sentence or k == len(words) - 1:
+        out += word.prompt_tokens
+        if word.ends_prompt_sentence or k == len(words) - 1:
             out.append(timestamp_begin + _stamp(max(word.end_ms, word.start_ms) - origin))
             open_ = False
     return out

@@ -24,7 +24,7 @@ from engine.model_runner import WindowResult
 from engine.scheduler import Scheduler
 from engine.speech_map import LONG_SILENCE_MS, ONSET_PAD_MS, SpeechMap
 from engine.stream import EngineOutput, Stream
-from engine.timeline import MAX_WINDOW_POSITIONS, ms_to_positions
+from engine.timeline import MAX_WINDOW_POSITIONS, ms_to_positions, positions_to_ms
 from engine.words import Word
 
 INTERVAL = 50  # a 1 s decode interval, in positions
@@ -846,6 +846,56 @@ def test_a_partial_that_stops_seconds_of_speech_short_of_its_end_commits_not_its
         request.num_decoded_positions = ms_to_positions(end_ms)
         out = stream.apply(WindowResult("s", read_on, final=False))
     assert [w.text for w in stream.policy.committed] == [w.text for w in read_on]
+
+
+FULL_STOP = 13  # "." in the model's vocabulary
+
+
+@pytest.mark.parametrize("last, flushed, stop", [
+    (" hill", False, [FULL_STOP]),  # ended at a pause with no mark: its prompts read one
+    (" hill.", False, []), (" hill,", False, []),  # the decoder's own mark
+    (" hill", True, [])])  # a flush ends it where the client asked, not at a pause
+def test_a_live_final_that_ends_at_a_pause_with_no_full_stop_is_read_with_one_in_later_prompts(
+        last, flushed, stop):
+    """Whisper carries a prompt's style on: a final that ended its sentence with no full stop
+    made the prompts of the finals after it end theirs without, and they went on so and read
+    worse. A live final ends at a pause the VAD heard: its last word ends a sentence in later
+    prompts (its segment closes there) and in the draft of a window that keeps it; the
+    committed text stays as decoded."""
+    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
+    stream.full_stop = FULL_STOP
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(4_400)
+    request.endpoints.append(ms_to_positions(4_400))
+    if flushed:
+        request.flush_position = ms_to_positions(4_400)
+    said = read("we walked up to the hill", 400, 600, -0.1)
+    said[-1].text = last
+    out = stream.apply(WindowResult("s", said, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in said]
+    assert stream.policy.committed[-1].stop == stop
+    ts = 50363
+    after = 4_400  # a decode of the audio after them (the window keeps them: it reads them)
+    assert stream.policy.prompt_tokens(100, after) == [0] * 6 + stop
+    timed = stream.policy.prompt_tokens(100, after, timestamp_begin=ts)
+    assert timed[0] == ts and timed[1:-1] == [0] * 6 + stop and timed[-1] > ts  # one segment
+    # a long window's final keeps its last sentence as the next one's context: that sentence's
+    # text opens the next decode, given as read, with the stop
+    stream = speech_stream([(0, 5_000), (6_000, 11_000)], seconds=12)
+    stream.full_stop = FULL_STOP
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(11_400)
+    request.endpoints.append(ms_to_positions(11_400))
+    if flushed:
+        request.flush_position = ms_to_positions(11_400)
+    said = read("we walked up to the hill.", 400, 700, -0.1) + read("then shape the loaf", 6_200, 1_000, -0.1)
+    said[-1].text = last
+    stream.apply(WindowResult("s", said, final=True))
+    if not flushed:  # (a flushed window is cut at its end)
+        start, num_forced = stream.kept
+        assert 4_000 < positions_to_ms(start) < 6_200  # (in the pause before the sentence)
+        forced = stream.drafts[start][1][:num_forced]
+        assert forced[1:-1] == [0] * 4 + stop and min(forced[0], forced[-1]) >= ts
 
 
 @pytest.mark.parametrize("temperature, context", [

@@ -95,6 +95,10 @@ class Tokenizer:
         return self.special.get("<|nospeech|>", self.special.get("<|nocaptions|>", -1))
 
     @cached_property
+    def full_stop(self) -> int:
+        return self.id_to_token.index(".")
+
+    @cached_property
     def timestamp_begin(self) -> int:
         return self.special["<|0.00|>"] if "<|0.00|>" in self.special else self.no_timestamps + 1
 
