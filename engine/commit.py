@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND
 
@@ -62,6 +63,9 @@ TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # 750: a window over 15 s is c
 # under 2 s of speech behind it)
 RETRY_SPEECH_MS = 2000
 RETRY_PROGRESS_POSITIONS = POSITIONS_PER_SECOND
+# ... or this much in runs that begin after a pause past them: an utterance of its own that
+# the decode ended before (not a last word's tail; a click or a breath is shorter)
+RETRY_UTTERANCE_MS = 500
 # a live final's new words read with a mean token log-probability under this, after
 # context, are read again without it (`doubted`)
 DOUBT_LOGPROB = -0.4
@@ -157,14 +161,25 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
     return Plan(Action.FORCE, agree, facts.end - FORCE_KEEP_POSITIONS)
 
 
-def retries(facts: WindowFacts, committed_end: int, speech_after_ms: int, passed_over: bool) -> bool:
+class Unread(NamedTuple):
+    """VAD speech in a final's window past its committed words (ms): all of it, and that in
+    runs that begin after a pause past them (`SpeechMap.unread`)."""
+    speech_ms: int = 0
+    utterance_ms: int = 0
+
+
+NOTHING_UNREAD = Unread()
+
+
+def retries(facts: WindowFacts, committed_end: int, unread: Unread, passed_over: bool) -> bool:
     """Whether a final is decoded again from the committed end (`committed_end`, in
-    positions), which lies a second or more into its window: `speech_after_ms` of VAD speech
-    follow it (2 s or more), or its decode passed over the window's committed words
-    (`passed_over`: not LocalAgreement.rereads), and so is not committed."""
+    positions), which lies a second or more into its window: VAD speech follows it (2 s or
+    more, or half a second of an utterance after a pause: "go forward ten meters" after a
+    kept sentence that the decode ended on), or its decode passed over the window's committed
+    words (`passed_over`: not LocalAgreement.rereads), and so is not committed."""
     if not may_retry(facts, committed_end):
         return False
-    return passed_over or speech_after_ms >= RETRY_SPEECH_MS
+    return passed_over or unread.speech_ms >= RETRY_SPEECH_MS or unread.utterance_ms >= RETRY_UTTERANCE_MS
 
 
 def doubted(new_logprob: float | None, num_words: int) -> bool:
@@ -225,11 +240,11 @@ def may_retry(facts: WindowFacts, committed_end: int) -> bool:
 
 
 def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
-                     speech_after_ms: int = 0, sentence_start: int | None = None,
+                     unread: Unread = NOTHING_UNREAD, sentence_start: int | None = None,
                      passed_over: bool = False, mid_phrase: bool = False) -> int | None:
     """Where the window starts once the plan is applied (None: where it was).
-    `committed_end`: the committed words' end after it, in positions; `speech_after_ms`: VAD
-    speech in the window past them, for a FINAL; `sentence_start`: where
+    `committed_end`: the committed words' end after it, in positions; `unread`: VAD speech in
+    the window past them, for a FINAL; `sentence_start`: where
     the committed words' unfinished sentence starts (for a live FINAL, their last sentence,
     finished or not); `passed_over`: a FINAL's decode passed over the window's committed words
     and was not committed (`retries`); `mid_phrase`: the committed words end inside a sentence
@@ -240,7 +255,7 @@ def new_window_start(facts: WindowFacts, action: Action, committed_end: int,
     if action is Action.SHOW:
         return None
     if action is Action.FINAL:
-        if retries(facts, committed_end, speech_after_ms, passed_over):
+        if retries(facts, committed_end, unread, passed_over):
             return committed_end  # (each retry starts a second or more later: they end)
         keep = max(facts.start, committed_end - KEEP_SENTENCE_POSITIONS)
         if not facts.flushed and length > KEEP_AFTER_POSITIONS and sentence_start is not None \

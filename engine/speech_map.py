@@ -171,6 +171,16 @@ class SpeechMap:
             k += 1
         return total
 
+    def unread(self, end_ms: int, until_ms: int) -> tuple[int, int]:
+        """The speech in [end_ms, until_ms) after words that end at `end_ms` (ms): all the VAD
+        heard, and that in runs beginning PAUSE_MS or more after `end_ms` (not their tail)."""
+        k = bisect.bisect_left(self.starts, end_ms + PAUSE_MS)
+        after = 0
+        while k < len(self.starts) and self.starts[k] < until_ms:
+            after += min(self.ends[k], until_ms) - self.starts[k]
+            k += 1
+        return self.speech_ms(end_ms, until_ms), after
+
     def _ended(self, run: int) -> bool:
         """Whether the VAD heard the end of a run (not the speech it still hears)."""
         return run + 1 < len(self.ends) or not self.in_speech

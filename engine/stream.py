@@ -465,7 +465,7 @@ class Stream:
                 plan, new if live_final else words, new=live_final, timed=result.timed)
         end_ms = policy.committed_end_ms
         # a final's speech past the committed words went unheard (`commit.retries`)
-        missed = self.speech.speech_ms(end_ms, positions_to_ms(facts.end)) if final else 0
+        missed = self._unread(end_ms, facts.end) if final else commit.NOTHING_UNREAD
         sentence = self._sentence_start_ms(live_final)
         cut = None if doubt or hold else commit.new_window_start(
             facts, plan.action, ms_to_positions(end_ms), missed,
@@ -564,6 +564,10 @@ class Stream:
         if resume is not None:
             end_ms = resume
         return replace(facts, complete=max(ms_to_positions(end_ms), facts.start + 1)), words, False
+
+    def _unread(self, end_ms: int, end: int) -> commit.Unread:
+        """The VAD speech a final's window (to `end`, positions) holds past its committed end."""
+        return commit.Unread(*self.speech.unread(end_ms, positions_to_ms(end)))
 
     def _retry_start(self, end_ms: int) -> int:
         """Where a retrying final's window starts (positions; `commit.new_window_start` cuts it

@@ -11,8 +11,10 @@ from engine.commit import (
     KEEP_AFTER_POSITIONS,
     KEEP_SENTENCE_POSITIONS,
     RETRY_SPEECH_MS,
+    RETRY_UTTERANCE_MS,
     TRIM_AFTER_POSITIONS,
     Action,
+    Unread,
     WindowFacts,
     commits_whole,
     copied_words,
@@ -85,11 +87,30 @@ def test_a_final_is_cut_at_its_end_when_flushed_or_long_else_kept_as_context():
 
 def test_a_final_that_stopped_short_of_speech_is_decoded_again_from_its_committed_end():
     window = facts(start=0, end=1276, final=True, flushed=True)  # 25.5 s, the first 14 s committed
-    assert new_window_start(window, Action.FINAL, 707, speech_after_ms=RETRY_SPEECH_MS) == 707
-    assert new_window_start(window, Action.FINAL, 707, speech_after_ms=RETRY_SPEECH_MS - 1) == 1276
+    assert new_window_start(window, Action.FINAL, 707, unread=Unread(RETRY_SPEECH_MS)) == 707
+    assert new_window_start(window, Action.FINAL, 707, unread=Unread(RETRY_SPEECH_MS - 1)) == 1276
+    # half a second of an utterance after a pause past them is read again too, not a second
+    # of the last word's tail
+    assert new_window_start(window, Action.FINAL, 707, unread=Unread(600, RETRY_UTTERANCE_MS)) == 707
+    assert new_window_start(window, Action.FINAL, 707, unread=Unread(600, RETRY_UTTERANCE_MS - 1)) == 1276
     # the retry, from the committed end: if it commits nothing either, it is cut at its end
     retry = facts(start=704, end=1276, final=True, flushed=True)
-    assert new_window_start(retry, Action.FINAL, 707, speech_after_ms=5000) == 1276
+    assert new_window_start(retry, Action.FINAL, 707, unread=Unread(5000)) == 1276
+
+
+def test_a_final_that_ended_before_an_utterance_after_a_pause_reads_it_again():
+    """A final read its window's kept sentence and ended there ("... lasted him a whole
+    week."), before the 1.9 s "go forward ten meters" after a pause: under the 2 s of speech
+    that retry a final, so the reading after it started past that speech, and it was lost.
+    An utterance of its own after the committed words is read again from their end."""
+    stream = speech_stream([(0, 4_000), (5_400, 7_300)], seconds=9)
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(7_600)
+    request.endpoints.append(ms_to_positions(7_600))
+    out = stream.apply(WindowResult("s", read("they thanked him with a basket.", 400, 600, -0.1), final=True))
+    assert len(out.committed) == 6
+    assert 4_000 <= positions_to_ms(request.window_start) < 5_400 - ONSET_PAD_MS  # read from there
+    assert ms_to_positions(7_600) in request.endpoints  # its final is due again
 
 
 def test_speech_map_measures_the_speech_in_a_span():
@@ -98,6 +119,17 @@ def test_speech_map_measures_the_speech_in_a_span():
     assert speech.speech_ms(0, 1000) == 96
     assert speech.speech_ms(40, 170) == (96 - 40) + (170 - 160)
     assert speech.speech_ms(100, 160) == 0
+
+
+def test_speech_map_tells_the_speech_after_words_from_their_tail():
+    """Speech past words that end at a time: all of it, and that of runs that begin a pause
+    (PAUSE_MS) or more after it: an utterance the words did not read."""
+    speech = SpeechMap(0.5)
+    speech.push(np.array([1] * 10 + [0] * 10 + [1] * 5 + [0] * 2, dtype=np.float32))  # 32 ms chunks
+    # runs 0-320 ms and 640-800 ms; words to 300 ms leave 20 ms of the first run's tail
+    assert speech.unread(300, 1000) == (20 + 160, 160)
+    assert speech.unread(300, 700) == (20 + 60, 60)
+    assert speech.unread(400, 1000) == (160, 0)  # the run begins 240 ms after: no pause
 
 
 def test_a_partial_over_15_s_is_cut_at_its_committed_end():
