@@ -8,12 +8,12 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   whole; it is cut there when it was flushed, else its utterance stays in the window as
   context for the next one (a short window alone decodes worse); once over 10 s, only its
   last sentence does (cut at that sentence's start; at its end if none began in its last 8 s
-  and it is over 15 s). A final whose
-  committed words end seconds of speech before its end (Whisper, re-reading a committed
-  utterance it was given as context, may end its text there; a file's final may stop
-  before its last sentence) is cut at its committed end instead (past the last word's sound,
-  where the VAD hears it end just after: `SpeechMap.past_tail`), and decoded again from
-  there: that speech is never cut away unheard. So is a final whose decode passed over the
+  and it is over 15 s). A final whose committed words end seconds of speech before its end,
+  or half a second of an utterance after a pause (Whisper, re-reading a committed utterance
+  it was given as context, may end its text there; a file's final may stop before its last
+  sentence) is cut at its committed end instead (past the last word's sound, where the VAD
+  hears it end just after: `SpeechMap.past_tail`), and decoded again from there: that
+  speech is never cut away unheard. So is a final whose decode passed over the
   committed words in its window (their times would be the alignment's guess), uncommitted.
 - A live final whose new words the decoder read unsure (their tokens' mean log-probability
   under DOUBT_LOGPROB), with committed utterances before them in its window as context, is
