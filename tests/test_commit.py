@@ -883,6 +883,20 @@ def test_a_partial_that_stops_seconds_of_speech_short_of_its_end_commits_not_its
 FULL_STOP = 13  # "." in the model's vocabulary
 
 
+def live_final(runs_ms: list[tuple[int, int]], end_ms: int, flushed: bool,
+               said: list[Word]) -> tuple[Stream, EngineOutput]:
+    """A stream whose VAD heard these runs, with a first final (to its endpoint at `end_ms`,
+    or flushed there) that read `said`, given the model's full stop."""
+    stream = speech_stream(runs_ms, seconds=max(b for _, b in runs_ms) // 1000 + 1)
+    stream.full_stop = FULL_STOP
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(end_ms)
+    request.endpoints.append(ms_to_positions(end_ms))
+    if flushed:
+        request.flush_position = ms_to_positions(end_ms)
+    return stream, stream.apply(WindowResult("s", said, final=True))
+
+
 @pytest.mark.parametrize("last, flushed, stop", [
     (" hill", False, [FULL_STOP]),  # ended at a pause with no mark: its prompts read one
     (" hill.", False, []), (" hill,", False, []),  # the decoder's own mark
@@ -894,16 +908,9 @@ def test_a_live_final_that_ends_at_a_pause_with_no_full_stop_is_read_with_one_in
     worse. A live final ends at a pause the VAD heard: its last word ends a sentence in later
     prompts (its segment closes there) and in the draft of a window that keeps it; the
     committed text stays as decoded."""
-    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
-    stream.full_stop = FULL_STOP
-    request = stream.request
-    request.num_decoded_positions = ms_to_positions(4_400)
-    request.endpoints.append(ms_to_positions(4_400))
-    if flushed:
-        request.flush_position = ms_to_positions(4_400)
     said = read("we walked up to the hill", 400, 600, -0.1)
     said[-1].text = last
-    out = stream.apply(WindowResult("s", said, final=True))
+    stream, out = live_final([(0, 4_000), (5_000, 9_000)], 4_400, flushed, said)
     assert [w.text for w in out.committed] == [w.text for w in said]
     assert stream.policy.committed[-1].stop == stop
     ts = 50363
@@ -913,16 +920,9 @@ def test_a_live_final_that_ends_at_a_pause_with_no_full_stop_is_read_with_one_in
     assert timed[0] == ts and timed[1:-1] == [0] * 6 + stop and timed[-1] > ts  # one segment
     # a long window's final keeps its last sentence as the next one's context: that sentence's
     # text opens the next decode, given as read, with the stop
-    stream = speech_stream([(0, 5_000), (6_000, 11_000)], seconds=12)
-    stream.full_stop = FULL_STOP
-    request = stream.request
-    request.num_decoded_positions = ms_to_positions(11_400)
-    request.endpoints.append(ms_to_positions(11_400))
-    if flushed:
-        request.flush_position = ms_to_positions(11_400)
     said = read("we walked up to the hill.", 400, 700, -0.1) + read("then shape the loaf", 6_200, 1_000, -0.1)
     said[-1].text = last
-    stream.apply(WindowResult("s", said, final=True))
+    stream, _ = live_final([(0, 5_000), (6_000, 11_000)], 11_400, flushed, said)
     if not flushed:  # (a flushed window is cut at its end)
         start, num_forced = stream.kept
         assert 4_000 < positions_to_ms(start) < 6_200  # (in the pause before the sentence)
