@@ -174,11 +174,8 @@ class SpeechMap:
     def unread(self, end_ms: int, until_ms: int) -> tuple[int, int]:
         """The speech in [end_ms, until_ms) after words that end at `end_ms` (ms): all the VAD
         heard, and that in runs beginning PAUSE_MS or more after `end_ms` (not their tail)."""
-        k = bisect.bisect_left(self.starts, end_ms + PAUSE_MS)
-        after = 0
-        while k < len(self.starts) and self.starts[k] < until_ms:
-            after += min(self.ends[k], until_ms) - self.starts[k]
-            k += 1
+        k = bisect.bisect_left(self.starts, end_ms + PAUSE_MS)  # the first such run
+        after = self.speech_ms(self.starts[k], until_ms) if k < len(self.starts) else 0
         return self.speech_ms(end_ms, until_ms), after
 
     def _ended(self, run: int) -> bool:
