@@ -28,9 +28,13 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   heard more of it, after as well as before.
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
-  A decode caught in a loop counts for nothing: two decodes of one loop agree on it (a
-  sentence said over and over, under babble that leaves no pause). Speech that repeats
-  itself looks alike (its text compresses as well): it waits for a final or a full window.
+  A decode Whisper's fallback rule fails counts for nothing: two decodes of one loop agree on
+  it (a sentence said over and over, under babble that leaves no pause), and two that read a
+  window unsure agree on what they made up (two partials read "I am afraid I was unable to
+  create a connection to the Digium..." as "to the digital demonstration.", at a mean token
+  log-probability of -2.2, its "to" and "the" stretched over the skipped clause, and the
+  final that read it right found those words committed). Speech that repeats itself looks
+  alike (its text compresses as well): it waits for a final or a full window.
 - A window that cannot take another decode interval within 30 s commits its whole segments
   and moves to the end of the last one, as offline Whisper seeks; with none, it commits the
   words that end before its last 5 s and moves there.
@@ -122,7 +126,7 @@ class WindowFacts:
     silence: bool  # the decode found no speech
     complete: int | None  # the decode's words are whole segments up to this position
     pending_ms: int  # audio from the committed words' end (or a held final's pause) to the window's end
-    looped: bool = False  # the decode was caught in a loop (DecodingResult.looped)
+    failed: bool = False  # Whisper's fallback rule fails the decode (WindowResult.failed)
     # (a live final) where the reading after it starts: early in the pause that ended it
     # (SpeechMap.after_pause); None: at its end
     resume: int | None = None
@@ -139,7 +143,7 @@ class Plan:
     agree: bool = False  # AGREE, WHOLE, FORCE: words that agree are committed
     force_until: int = 0  # FORCE: tentative words ending by this position are committed
     # AGREE: the decode's words count (they agree and become the tentative tail); False for
-    # a loop: the tail stays the last decode's
+    # a failed decode (a loop, or one read unsure): the tail stays the last decode's
     counts: bool = True
 
 
@@ -152,7 +156,7 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
         return Plan(Action.FINAL)
     agree = facts.pending_ms > agree_after_ms
     if not commits_whole(facts.start, facts.end, False, decode_interval):
-        if facts.looped:  # two decodes of one loop agree on it
+        if facts.failed:  # two decodes of one loop, or two read unsure, agree on it
             return Plan(Action.AGREE, counts=False)
         return Plan(Action.AGREE, agree)
     complete = facts.complete

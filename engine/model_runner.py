@@ -89,7 +89,9 @@ class WindowResult:
     tokens: list[int] = field(default_factory=list)  # the decoded text and timestamp tokens
     # a partial given up for a final that fell due: no words; `tokens` are those decoded so far
     cancelled: bool = False
-    looped: bool = False  # the decode kept was caught in a loop (DecodingResult.looped)
+    # Whisper's fallback rule fails the decode kept (DecodingResult.needs_fallback: a loop, or
+    # a mean log-probability under -1)
+    failed: bool = False
     # its words' times are from the audio (`WindowInput.timed`, the alignment ran), not its
     # segments' times spread by characters
     timed: bool = True
@@ -354,7 +356,7 @@ class ModelRunner:
                           self.bundle.tokenizer.timestamp_begin)
         return WindowResult(window.request_id, words, window.final, window.preview,
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
-                            tokens=decoded.tokens, looped=decoded.looped, timed=starts is not None)
+                            tokens=decoded.tokens, failed=decoded.needs_fallback, timed=starts is not None)
 
 
 def _failed(window: ScheduledWindow, e: Exception) -> WindowResult:

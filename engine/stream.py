@@ -517,7 +517,7 @@ class Stream:
             after = -(-ms_to_positions(self.speech.after_pause(positions_to_ms(end))) // size) * size
             resume = max(start, min(after, end))
         return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
-                                  complete, self._pending_ms(end), result.looped, resume)
+                                  complete, self._pending_ms(end), result.failed, resume)
 
     def _pending_ms(self, end: int) -> int:
         """Audio that waits uncommitted up to `end` (positions), for agreement's bound

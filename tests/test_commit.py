@@ -284,7 +284,7 @@ def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_wa
     """Under babble the VAD hears no pause and partials run on; a decode that says one sentence
     over and over agrees with the next decode's loop, and agreement would commit the repeats."""
     decided = plan(facts(pending_ms=5000), INTERVAL, 0)
-    looped = plan(WindowFacts(0, 200, False, False, False, False, None, 5000, looped=True), INTERVAL, 0)
+    looped = plan(WindowFacts(0, 200, False, False, False, False, None, 5000, failed=True), INTERVAL, 0)
     assert decided.agree and decided.counts
     assert looped.action is Action.AGREE and not looped.agree and not looped.counts
 
@@ -296,7 +296,7 @@ def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_wa
     assert stream.apply(WindowResult("s", said, final=False)).committed == []  # agreement needs two
     for end_ms in (7_000, 8_000):
         request.num_decoded_positions = ms_to_positions(end_ms)
-        out = stream.apply(WindowResult("s", loop, final=False, looped=True))
+        out = stream.apply(WindowResult("s", loop, final=False, failed=True))
         assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in said]
     request.num_decoded_positions = ms_to_positions(9_000)
     after = words("nobody believed her until the plants grew taller than the fence", 2000, 600)
@@ -304,21 +304,50 @@ def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_wa
     assert [w.text for w in out.committed] == [w.text for w in said]  # agrees with the last sound one
 
 
+def test_partials_read_unsure_agree_on_nothing_and_the_final_reads_the_sentence_whole():
+    """Two partials of a window read "I am afraid I was unable to create a connection to the
+    Digium demonstration" (a recorded prompt) as "to the digital demonstration.", their "to"
+    and "the" stretched over the clause they skipped, at a mean token log-probability of -2.2:
+    agreed on, the final that read the sentence found them committed and the clause was lost."""
+    stream = speech_stream([(500, 5_800)])
+    request = stream.request
+    unsure = words("to the digital", 500, 1200) + words("demonstration.", 4_100, 700)  # to 4.8 s
+    for end_ms in (8_600, 9_200):  # (agreement commits past 8 s of audio)
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", unsure, final=False, failed=True))
+        assert out.committed == [] and out.tentative == []
+    request.num_decoded_positions = ms_to_positions(9_600)
+    read = words("I am afraid I was unable to create a connection to the Digium demonstration.",
+                 500, 330)  # to 4.8 s
+    out = stream.apply(WindowResult("s", read, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in read]
+
+    # a sound reading, after an unsure one, is agreed on with the next sound one
+    stream = speech_stream([(500, 5_800)])
+    stream.request.num_decoded_positions = ms_to_positions(8_600)
+    stream.apply(WindowResult("s", read, final=False))
+    stream.request.num_decoded_positions = ms_to_positions(9_200)
+    assert stream.apply(WindowResult("s", unsure, final=False, failed=True)).committed == []
+    stream.request.num_decoded_positions = ms_to_positions(9_800)
+    out = stream.apply(WindowResult("s", read, final=False))
+    assert [w.text for w in out.committed] == [w.text for w in read]
+
+
 def test_a_full_window_or_a_final_in_a_loop_is_committed_as_offline_commits_it():
     """The runner re-decodes them at higher temperatures first. Speech that repeats itself (a
     file of four copies of one utterance) compresses as well as a loop: where a full window
     dropped its decode for that, the file lost two of the copies."""
-    full = WindowFacts(100, 1550, False, False, False, False, 1400, 8000, looped=True)
+    full = WindowFacts(100, 1550, False, False, False, False, 1400, 8000, failed=True)
     decided = plan(full, INTERVAL, 0)
     assert decided.action is Action.WHOLE and decided.counts
-    final = WindowFacts(100, 400, True, False, False, False, None, 8000, looped=True)
+    final = WindowFacts(100, 400, True, False, False, False, None, 8000, failed=True)
     assert plan(final, INTERVAL, 0).action is Action.FINAL
 
     stream = speech_stream([(0, 31_000)], seconds=31)
     request = stream.request
     request.num_decoded_positions = ms_to_positions(30_000)
     repeated = words("he might even have been made amiable himself " * 10, 0, 370)  # to 29.6 s
-    out = stream.apply(WindowResult("s", repeated, final=False, complete_ms=29_600, looped=True))
+    out = stream.apply(WindowResult("s", repeated, final=False, complete_ms=29_600, failed=True))
     assert [w.text for w in out.committed] == [w.text for w in repeated]
 
 

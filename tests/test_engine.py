@@ -381,6 +381,25 @@ def test_finals_per_step_default_to_two_on_the_cpu():
         Engine(bundle(), EngineConfig(max_finals=0))
 
 
+def test_a_partial_that_whispers_fallback_rule_fails_says_so_to_the_commit_rules():
+    """Partials are not decoded again at higher temperatures: the rules are told the rule
+    failed one (a loop, or a mean log-probability under -1), and agreement does not count it
+    (tests/test_commit.py)."""
+    from engine.model.decoding import DecodingResult
+    from engine.scheduler import ScheduledWindow
+
+    runner = ModelRunner(bundle())
+    tokenizer = runner.bundle.tokenizer
+    text = [tokenizer.id_to_token.index(t) for t in ("Ġto", "Ġthe", "Ġdigital", "Ġdemonstration", ".")]
+    tokens = [tokenizer.timestamp_begin + 65, *text, tokenizer.timestamp_begin + 275]
+    window = ScheduledWindow("s", 0, 500, 0, 1, final=False)
+    for logprob, stop, failed in ((-2.2, "eot", True), (-0.3, "eot", False), (-0.3, "repetition", True)):
+        decoded = DecodingResult(tokens, "", logprob, 0.1, 1.2, stop, token_logprobs=[logprob] * len(tokens))
+        result = runner._window_result(window, decoded)
+        assert [w.text for w in result.words] == [" to", " the", " digital", " demonstration."]
+        assert result.failed is failed
+
+
 def test_a_window_decoded_again_gets_its_last_tokens_as_the_draft():
     """Partials of a growing window pass the last decode's tokens as a draft (verified, so the
     text is plain greedy's); after the window moves, timestamps no longer line up: no draft."""
