@@ -192,6 +192,19 @@ class SpeechMap:
         end, after = self.ends[i] + self.PAD_MS, self.starts[i + 1] - self.PAD_MS
         return after - end >= PAUSE_MS and word.start_ms < end and word.end_ms - after > end - word.start_ms
 
+    def _leads_in(self, i: int, k: int, words: list[Word], before: int) -> bool:
+        """Whether words[k] lies in silence before run `i`, where the alignment starts the
+        words (`before`: the word before it ends, or the window starts) with no speech
+        between, and its segment goes on after it: DTW left a segment's first word at the
+        start of a window that opens on the silence before speech (offline read " Let",
+        zero seconds long, 1 s before the speech after a 40 s gap of noise). It is spoken
+        where the speech starts. (A word the VAD did not hear between runs of speech it did
+        hear stays where it is: a voice it barely hears.)"""
+        word = words[k]
+        return (k + 1 < len(words) and words[k + 1].segment == word.segment
+                and word.start_ms < before + SNAP_MS and not self._near_speech(word)
+                and (i == 0 or self.ends[i - 1] + self.PAD_MS <= before))
+
     def _near_speech(self, word: Word) -> bool:
         """Whether a run of speech comes within SNAP_MS of the word."""
         k = bisect.bisect_left(self.ends, word.start_ms - SNAP_MS)  # the first run ending after
@@ -238,7 +251,8 @@ class SpeechMap:
         the run began at most ONSET_LEAD_MS before it, starts where the run does; a word after
         a full stop or a comma and a gap of at most LAG_MS (the punctuation's: `aligned_words`)
         the VAD heard as speech throughout starts where the gap does; a word read over a
-        pause, mostly after it, starts where the speech after it does (`_across_pause`)."""
+        pause, mostly after it, starts where the speech after it does (`_across_pause`); a
+        segment's first word left in the silence before its speech starts there (`_leads_in`)."""
         heard = samples_to_ms(self.num_chunks * CHUNK_SAMPLES)
         pad = self.PAD_MS
 
@@ -256,7 +270,10 @@ class SpeechMap:
                 continue
             i = bisect.bisect_right(self.ends, word.start_ms + pad)  # the first run ending after it
             onset = self.starts[i] - pad if i < len(self.starts) else None
-            if onset is not None and word.start_ms < onset < word.end_ms + SNAP_MS:
+            if onset is not None and self._leads_in(i, k, words, before):
+                word.start_ms = onset
+                word.end_ms = max(onset + MIN_WORD_MS, min(following(k), self.ends[i] + pad))
+            elif onset is not None and word.start_ms < onset < word.end_ms + SNAP_MS:
                 word.start_ms = min(onset, word.end_ms - MIN_WORD_MS)
             elif onset is not None and before <= onset < word.start_ms <= onset + ONSET_LEAD_MS:
                 word.start_ms = onset

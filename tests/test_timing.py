@@ -12,7 +12,7 @@ from engine.engine import Engine
 from engine.model import transcribe as transcribe_module
 from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
-from engine.speech_map import LAG_MS, ONSET_PAD_MS, RESUME_MS, SNAP_MS, SpeechMap
+from engine.speech_map import LAG_MS, MIN_WORD_MS, ONSET_PAD_MS, RESUME_MS, SNAP_MS, SpeechMap
 from engine.words import Word, aligned_words, window_words
 from scripts import corpus
 from scripts.evaluate import replay_clip
@@ -194,6 +194,27 @@ def test_speech_map_starts_a_late_first_word_where_its_speech_starts():
     speech.fit([after_window], floor_ms=5100)
     speech.fit([long_after])
     assert after_window.start_ms == 5300 and long_after.start_ms == 6100
+
+
+def test_a_first_word_left_at_the_start_of_a_window_before_its_speech_starts_there():
+    """A window opens 1 s before speech after a long gap; DTW left the first word at the
+    window's start, zero seconds long (offline's " Let" in a 40 s gap of noise): it moves to
+    where the speech starts. Not a word the VAD did not hear between runs it did hear, nor
+    one aligned later than the window's start (it has its own place)."""
+    pad = SpeechMap.PAD_MS
+    speech = speech_map([(1024, 2048), (41_024, 45_024)], 46_000)
+    first, second = Word(" Let", 40_000, 40_000, segment=1), Word(" me", 41_050, 41_300, segment=1)
+    assert speech.fit([first, second], floor_ms=40_000) == [first, second]
+    assert first.start_ms == 41_024 - pad and first.end_ms == first.start_ms + MIN_WORD_MS
+    assert second.start_ms == 41_050
+    alone = Word(" you.", 40_000, 40_300, segment=1)  # a segment of its own: dropped
+    assert speech.fit([alone], floor_ms=40_000) == []
+    placed = Word(" between", 39_000, 39_400, segment=1)  # 1 s past the window's start
+    speech.fit([placed, Word(" me", 41_050, 41_300, segment=1)], floor_ms=38_000)
+    assert placed.start_ms == 39_000
+    inside = Word(" Let", 1_500, 1_500, segment=1)  # the window starts in speech before it
+    speech.fit([inside, Word(" me", 41_050, 41_300, segment=1)], floor_ms=1_500)
+    assert inside.start_ms == 1_500
 
 
 def test_a_word_after_punctuation_with_no_pause_starts_where_the_word_before_ends():
