@@ -199,9 +199,11 @@ class SpeechMap:
         start of a window that opens on the silence before speech (offline read " Let",
         zero seconds long, 1 s before the speech after a 40 s gap of noise). It is spoken
         where the speech starts. (A word the VAD did not hear between runs of speech it did
-        hear stays where it is: a voice it barely hears.)"""
-        word = words[k]
+        hear stays where it is: a voice it barely hears; so does one whose next word DTW also
+        places before the run: speech the VAD hears late, after a tune that just ended.)"""
+        word, onset = words[k], self.starts[i] - self.PAD_MS
         return (k + 1 < len(words) and words[k + 1].segment == word.segment
+                and words[k + 1].start_ms >= onset - SNAP_MS
                 and word.start_ms < before + SNAP_MS and not self._near_speech(word)
                 and (i == 0 or self.ends[i - 1] + self.PAD_MS <= before))
 

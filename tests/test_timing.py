@@ -217,6 +217,18 @@ def test_a_first_word_left_at_the_start_of_a_window_before_its_speech_starts_the
     assert inside.start_ms == 1_500
 
 
+def test_a_first_word_whose_next_word_also_lies_before_the_speech_heard_stays_in_order():
+    """The VAD may hear an onset late (0.6 s after a tune ends, "The old stone bridge"): where
+    DTW places the next word before that onset too, the first word is not the window's
+    lead-in but speech the VAD has not heard. It stays where it is, before the next word."""
+    speech = speech_map([(1024, 2048), (41_024, 45_024)], 46_000)
+    first, second = Word(" The", 40_150, 40_580, segment=1), Word(" old", 40_580, 40_850, segment=1)
+    third = Word(" stone", 41_050, 41_400, segment=1)
+    assert speech.fit([first, second, third], floor_ms=40_000) == [first, second, third]
+    assert first.start_ms == 40_150
+    assert first.start_ms <= second.start_ms <= third.start_ms
+
+
 def test_a_word_after_punctuation_with_no_pause_starts_where_the_word_before_ends():
     """DTW gives a full stop the start of the next word where there is no pause for it: the
     gap it leaves goes to the next word when the VAD heard speech all through it, not when it
