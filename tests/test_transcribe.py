@@ -300,3 +300,40 @@ def test_speech_a_window_skips_is_decoded_again_up_to_where_the_skip_ends(monkey
     assert errors / words <= 0.15, f"WER {errors / words:.1%}: {result.text}"
     assert result.segments[0].words[0].start_ms < 1000
     assert all(a.end <= b.start for a, b in zip(result.segments, result.segments[1:], strict=False))
+
+
+def test_the_next_window_starts_after_the_last_word_kept_not_inside_it(monkeypatch):
+    """A window's last segment may close with a timestamp inside its own words (real-ivr: "...
+    sample sounds and configuration for the<|28.00|>", the words aligned 2 s past it), and a
+    seek to that timestamp reads those words again. As Whisper does with word timestamps, the
+    next window starts where the last word kept ends."""
+    import dataclasses
+
+    from engine.model import transcribe as transcribe_module
+
+    paths = [librivox_path(c) for c in ("0890", "0920", "0930")]
+    samples, reference = concatenated(paths, gap_seconds=1.0)
+    whole_seconds = samples.shape[0] / 16000
+    real = transcribe_module.decode_with_fallback
+    stamped = []
+
+    def early(bundle_, features, prompt, audio_seconds, *args, **kwargs):
+        result = real(bundle_, features, prompt, audio_seconds, *args, **kwargs)
+        tokens, ts = result.tokens, bundle_.tokenizer.timestamp_begin
+        if audio_seconds < whole_seconds - 1 or stamped or not (tokens[-1] >= ts > tokens[-2]):
+            return result
+        # the last segment closed halfway through it, then a segment begun and cut off
+        opening = max(i for i in range(len(tokens) - 1) if tokens[i] >= ts and tokens[i + 1] < ts)
+        middle = (tokens[opening] + tokens[-1]) // 2
+        stamped.append((middle - ts) * 0.02)
+        return dataclasses.replace(result, tokens=[*tokens[:-1], middle, middle])
+
+    monkeypatch.setattr(transcribe_module, "decode_with_fallback", early)
+    result = transcribe(bundle(), samples)
+    assert len(stamped) == 1
+    words = normalize(result.text)
+    assert words.count("himself") == 1, result.text
+    errors, count = word_errors(reference, result.text)
+    assert errors / count <= 0.15, f"WER {errors / count:.1%}: {result.text}"
+    starts = [w.start_ms for s in result.segments for w in s.words]
+    assert starts == sorted(starts)

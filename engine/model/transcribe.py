@@ -124,7 +124,10 @@ def _add_words(bundle: ModelBundle, segments: list[Segment],
 def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: int, history: list[int],
                    speech: SpeechMap) -> tuple[DecodingResult, list[Segment], float]:
     """Decode mel frames [seek, seek + frames), the rest of the 30 s window silence ->
-    (the decode, its segments with their words, the seconds it consumed)."""
+    (the decode, its segments with their words, the seconds it consumed: up to the last
+    timestamp, or past the last word, as Whisper seeks with word timestamps, where the
+    decoder closed the last segment inside its words and the next window would read them
+    again)."""
     model, tokenizer = bundle.model, bundle.tokenizer
     offset, seconds = seek / FRAMES_PER_SECOND, frames / FRAMES_PER_SECOND
     chunk = mel[:, seek : seek + N_FRAMES].clone()  # (n_mels, 3000): the padding ends every mel
@@ -137,7 +140,8 @@ def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: in
         return result, [], seconds
     new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset, seconds, tokenizer)
     _add_words(bundle, new, cross, offset, frames, speech)
-    return result, new, consumed
+    last = max((s.words[-1].end_ms for s in new if s.words), default=0)
+    return result, new, min(seconds, max(consumed, last / 1000 - offset))
 
 
 def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[Segment], consumed: float,
