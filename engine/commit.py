@@ -78,7 +78,7 @@ DOUBT_MIN_WORDS = 3  # ... when they are this many words or more
 # this much silence, when their window is no longer than HOLD_MAX_POSITIONS
 HOLD_SILENCE_MS = 1000
 HOLD_MAX_POSITIONS = 10 * POSITIONS_PER_SECOND
-SHORT_READING = 0.75  # a reading with fewer words than this share of the other's skipped speech
+SHORT_READING = 0.75  # a reading with fewer letters than this share of the other's skipped speech
 REPEAT_MIN_WORDS = 4  # a span this long said twice back to back is a copy (`copied_words`)
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
 # a long window is cut at the start of the committed words' unfinished sentence (or clause) if
@@ -218,23 +218,30 @@ def copied_words(keys: list[str], num_new: int) -> int:
     return copied
 
 
-def surer(first: tuple[float | None, int, int], second: tuple[float | None, int, int]) -> bool:
+def surer(first: tuple[float | None, list[str], int], second: tuple[float | None, list[str], int]) -> bool:
     """Whether the first of two readings of the same speech, each (its mean token
-    log-probability, its number of words, how many of them are a copy: `copied_words`), is
-    the one to keep. One that copies loses to one that does not (under babble, "The middle of
+    log-probability, its words' keys, how many of them are a copy: `copied_words`), is the
+    one to keep. One that copies loses to one that does not (under babble, "The middle of
     the dream that London was full of life again." said again for the next sentence; speech
     that does repeat, read alone, is no copy in the reading without context). Else, counted
-    without their copies: the surer, unless it has under SHORT_READING of the other's words
-    (a decode that passed over some of the speech and read the rest surely: "no hand in cross
-    and cold stream." for "We started the climb before dawn, carrying our boots in our hands
-    across the cold stream.")."""
-    (p1, n1, c1), (p2, n2, c2) = first, second
+    without their copies: the surer, unless it spells under SHORT_READING of the other's
+    letters (a decode that passed over some of the speech and read the rest surely: "no hand
+    in cross and cold stream." for "We started the climb before dawn, carrying our boots in
+    our hands across the cold stream."). Letters, not words: a reading that garbles speech
+    splits it into more, shorter words ("ski stay the way it comes" for "he stayed awake").
+    """
+    (p1, keys1, c1), (p2, keys2, c2) = first, second
     if (c1 > 0) != (c2 > 0):
         return c2 > 0
-    n1, n2 = n1 - c1, n2 - c2
+    n1, n2 = _letters(keys1, c1), _letters(keys2, c2)
     if p1 is None or n1 < SHORT_READING * n2:
         return False
     return p2 is None or n2 < SHORT_READING * n1 or p1 > p2
+
+
+def _letters(keys: list[str], copied: int) -> float:
+    """The letters of a reading's words, less its copies' share of them."""
+    return sum(map(len, keys)) * (len(keys) - copied) / max(len(keys), 1)
 
 
 def may_retry(facts: WindowFacts, committed_end: int) -> bool:

@@ -605,8 +605,8 @@ class Stream:
         assert self.doubt is not None
         end, first, logprob, first_copied = self.doubt
         self.doubt = None
-        if end != facts.end or not commit.surer((logprob, len(first), first_copied),
-                                                (sureness, len(second), copied)):
+        if end != facts.end or not commit.surer((logprob, [w.key for w in first], first_copied),
+                                                (sureness, [w.key for w in second], copied)):
             return second
         return first
 

@@ -524,7 +524,9 @@ def first_utterance_committed() -> tuple[Stream, list[Word]]:
 @pytest.mark.parametrize("second_text, second_logprob, keep_second", [
     ("then shape the loaf", -0.1, True),  # surer
     ("then shape the loaf", -1.5, False),  # less sure
-    ("the loaf", -0.1, False)])  # surer, but it passed over some of the speech
+    ("the loaf", -0.1, False),  # surer, but it passed over some of the speech
+    # more words, as many letters: the speech split into short words, and less sure
+    ("then sh ape the lo af", 2 * DOUBT_LOGPROB - 0.2, False)])
 def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_surer_kept(
         second_text, second_logprob, keep_second):
     """The utterance before a final, in its window as context, reads the next one's first
@@ -547,7 +549,7 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     window = Scheduler()._window(request, partial=False)  # the second reading's window
     assert window.window_start == AFTER_FIRST and window.final
 
-    again = read(second_text, 5_000, 900, second_logprob)
+    again = read(second_text, 5_000, min(900, 3_600 // len(second_text.split())), second_logprob)
     out = stream.apply(WindowResult("s", again, final=True))
     kept = again if keep_second else unsure
     assert [w.text for w in out.committed] == [w.text for w in kept]
