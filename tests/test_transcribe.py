@@ -268,31 +268,40 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is
     assert result.avg_logprob == max(r.avg_logprob for r in tried)  # all loop: the likeliest
 
 
+def whole_window_edited(monkeypatch, clips: tuple[str, ...], edit) -> tuple[np.ndarray, str]:
+    """The LibriVox `clips` joined with 1 s gaps -> (samples, reference), with offline
+    `transcribe`'s decode of the window of the whole file passed through `edit(result,
+    tokenizer)`, as a decoder that read it so."""
+    from engine.model import transcribe as transcribe_module
+
+    samples, reference = concatenated([librivox_path(c) for c in clips], gap_seconds=1.0)
+    whole_seconds = samples.shape[0] / 16000
+    real = transcribe_module.decode_with_fallback
+
+    def edited(bundle_, features, prompt, audio_seconds, *args, **kwargs):
+        result = real(bundle_, features, prompt, audio_seconds, *args, **kwargs)
+        return result if audio_seconds < whole_seconds - 1 else edit(result, bundle_.tokenizer)
+
+    monkeypatch.setattr(transcribe_module, "decode_with_fallback", edited)
+    return samples, reference
+
+
 def test_speech_a_window_skips_is_decoded_again_up_to_where_the_skip_ends(monkeypatch):
     """Whisper's decoder may jump over unclear speech to clearer speech later in the window
     (or stop early), and its seek passes over what it skipped. The VAD hears speech no word
     covers: the window is decoded again with its audio cut where the skipped speech ends."""
     import dataclasses
 
-    from engine.model import transcribe as transcribe_module
-
-    paths = [librivox_path(c) for c in ("0880", "0890", "0920", "0930")]
-    samples, reference = concatenated(paths, gap_seconds=1.0)
-    whole_seconds = samples.shape[0] / 16000
-    real = transcribe_module.decode_with_fallback
     jumped = []
 
-    def jumping(bundle_, features, prompt, audio_seconds, *args, **kwargs):
-        result = real(bundle_, features, prompt, audio_seconds, *args, **kwargs)
-        if audio_seconds < whole_seconds - 1:
-            return result
+    def jumping(result, tokenizer):
         # the window of the whole file: its first two sentences left out, as a decoder that jumped
-        tokens, ts = result.tokens, bundle_.tokenizer.timestamp_begin
+        tokens, ts = result.tokens, tokenizer.timestamp_begin
         pairs = [i for i in range(1, len(tokens)) if tokens[i] >= ts and tokens[i - 1] >= ts]
-        jumped.append(bundle_.tokenizer.decode([t for t in tokens[: pairs[1]] if t < ts]))
+        jumped.append(tokenizer.decode([t for t in tokens[: pairs[1]] if t < ts]))
         return dataclasses.replace(result, tokens=tokens[pairs[1] :])
 
-    monkeypatch.setattr(transcribe_module, "decode_with_fallback", jumping)
+    samples, reference = whole_window_edited(monkeypatch, ("0880", "0890", "0920", "0930"), jumping)
     result = transcribe(bundle(), samples)
     assert len(jumped) == 1 and normalize(jumped[0])[:3] == ["he", "was", "not"]
     assert normalize(result.text)[:3] == ["he", "was", "not"]
@@ -309,18 +318,11 @@ def test_the_next_window_starts_after_the_last_word_kept_not_inside_it(monkeypat
     next window starts where the last word kept ends."""
     import dataclasses
 
-    from engine.model import transcribe as transcribe_module
-
-    paths = [librivox_path(c) for c in ("0890", "0920", "0930")]
-    samples, reference = concatenated(paths, gap_seconds=1.0)
-    whole_seconds = samples.shape[0] / 16000
-    real = transcribe_module.decode_with_fallback
     stamped = []
 
-    def early(bundle_, features, prompt, audio_seconds, *args, **kwargs):
-        result = real(bundle_, features, prompt, audio_seconds, *args, **kwargs)
-        tokens, ts = result.tokens, bundle_.tokenizer.timestamp_begin
-        if audio_seconds < whole_seconds - 1 or stamped or not (tokens[-1] >= ts > tokens[-2]):
+    def early(result, tokenizer):
+        tokens, ts = result.tokens, tokenizer.timestamp_begin
+        if stamped or not (tokens[-1] >= ts > tokens[-2]):
             return result
         # the last segment closed halfway through it, then a segment begun and cut off
         opening = max(i for i in range(len(tokens) - 1) if tokens[i] >= ts and tokens[i + 1] < ts)
@@ -328,7 +330,7 @@ def test_the_next_window_starts_after_the_last_word_kept_not_inside_it(monkeypat
         stamped.append((middle - ts) * 0.02)
         return dataclasses.replace(result, tokens=[*tokens[:-1], middle, middle])
 
-    monkeypatch.setattr(transcribe_module, "decode_with_fallback", early)
+    samples, reference = whole_window_edited(monkeypatch, ("0890", "0920", "0930"), early)
     result = transcribe(bundle(), samples)
     assert len(stamped) == 1
     words = normalize(result.text)
