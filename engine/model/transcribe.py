@@ -124,10 +124,10 @@ def _add_words(bundle: ModelBundle, segments: list[Segment],
 def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: int, history: list[int],
                    speech: SpeechMap) -> tuple[DecodingResult, list[Segment], float]:
     """Decode mel frames [seek, seek + frames), the rest of the 30 s window silence ->
-    (the decode, its segments with their words, the seconds it consumed: up to the last
-    timestamp, or past the last word, as Whisper seeks with word timestamps, where the
-    decoder closed the last segment inside its words and the next window would read them
-    again)."""
+    (the decode, its segments with their words, the seconds it consumed: to its last
+    timestamp, or to its last word's end where that is later, as Whisper seeks with word
+    timestamps: a decoder that closed its last segment inside that segment's words would
+    have the next window read them again)."""
     model, tokenizer = bundle.model, bundle.tokenizer
     offset, seconds = seek / FRAMES_PER_SECOND, frames / FRAMES_PER_SECOND
     chunk = mel[:, seek : seek + N_FRAMES].clone()  # (n_mels, 3000): the padding ends every mel
