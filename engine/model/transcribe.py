@@ -140,8 +140,15 @@ def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: in
         return result, [], seconds
     new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset, seconds, tokenizer)
     _add_words(bundle, new, cross, offset, frames, speech)
-    last = max((s.words[-1].end_ms for s in new if s.words), default=0)
-    return result, new, min(seconds, max(consumed, last / 1000 - offset))
+    last = _last_word_end(new)
+    if last is not None:
+        consumed = max(consumed, last / 1000 - offset)
+    return result, new, min(seconds, consumed)
+
+
+def _last_word_end(segments: list[Segment]) -> int | None:
+    """Where the last word of the segments ends (ms; None: they have no words)."""
+    return max((s.words[-1].end_ms for s in segments if s.words), default=None)
 
 
 def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[Segment], consumed: float,
@@ -169,7 +176,7 @@ def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[S
                 result, new, consumed = _decode_window(bundle, mel, seek, frames, history, speech)
                 if result.is_silence:
                     return [], frames / FRAMES_PER_SECOND
-    last = max((s.words[-1].end_ms for s in new if s.words), default=None)
+    last = _last_word_end(new)
     if last is not None:
         resume = speech.resume_at(last, seconds_to_ms(offset + consumed))
         if resume is not None:
