@@ -243,14 +243,15 @@ class LocalAgreement:
         of a whole 30 s window: "He was not an old-sposed young man." committed with 0.3 s of
         audio after it, read "ill-disposed" with the next sentence; prompted with the first
         reading, the session's later windows copied it). Not where their tail is not found in
-        it, nor while the window holds words from before a hot decode's prompt reset (the
-        floor counts the words before it)."""
+        it or it ends before their last word (a partial that stopped early, its last word left
+        out: `Stream._before_skip`), nor while the window holds words from before a hot
+        decode's prompt reset (the floor counts the words before it)."""
         start = len(self.context) - self.num_window_context
         n = self.num_window_committed
         if n == 0 or start < self.prompt_floor:
             return
         end = self._tail_end(hypothesis, n)
-        if end is not None:
+        if end is not None and end <= len(hypothesis):
             self.context[start:] = hypothesis[:end]
             self.num_window_context = end
 

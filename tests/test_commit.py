@@ -411,11 +411,37 @@ def test_a_long_partial_read_with_no_punctuation_is_not_cut_inside_a_phrase():
     said = words("in the afternoon there is always something to repair from a broken gate to", 1_000, 1_000)
     out = read_partials(stream, said, 17_000, [(18_000, "a leaking"), (19_000, "a leaking roof")])
     assert out.committed[-1].text == " leaking" and request.window_start == 0
-    rest = "a leaking roof. Nobody on a farm ever complains of being bored"
-    out = read_partials(stream, said, 17_000, [(25_000, rest), (26_000, rest)])  # 8 s uncommitted: agreed
+    rest = words("a leaking roof. Nobody on a farm ever complains of being bored", 17_000, 550)
+    for end_ms in (25_500, 26_000):  # 8 s uncommitted: agreed
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", said + rest, final=False))
     roof, nobody = out.committed[:2]
     assert [roof.text, nobody.text] == [" roof.", " Nobody"] and not out.committed[-1].ends_phrase
     assert ms_to_positions(roof.start_ms) <= request.window_start <= ms_to_positions(nobody.start_ms)
+
+
+def test_a_partial_that_stopped_early_leaves_the_prompts_reading_of_the_committed_words_whole():
+    """Agreement committed "... a little cheese on the side"; the partials after it stopped
+    there ("... on the side."), seconds of speech short of the window's end, and their last
+    word is not agreed on (`Stream._before_skip`). Their reading, which ends before the last
+    committed word, took the place of the committed words' reading in later prompts: the
+    prompt lost "side" and read "... cheese on the". It is not taken."""
+    stream = speech_stream([(0, 30_000)], seconds=30)
+    request = stream.request
+
+    def said() -> list[Word]:
+        return words("serve it hot with thick slices of bread and a little cheese on the side", 1_000, 600)
+
+    for end_ms, reading in ((10_500, said() + words("for", 10_000)),
+                            (11_500, said() + words("far from the city", 10_000))):
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        stream.apply(WindowResult("s", reading, final=False))
+    assert stream.policy.committed[-1].text == " side"
+    for end_ms in (13_000, 14_500):  # each stops at "side." (to 10 s)
+        request.num_decoded_positions = ms_to_positions(end_ms)
+        out = stream.apply(WindowResult("s", said()[:-1] + [Word(" side.", 9_400, 10_000)], final=False))
+        assert out.committed == []
+        assert [w.key for w in stream.policy.context] == [w.key for w in said()]
 
 
 def test_a_sentence_cut_starts_before_a_first_word_the_alignment_starts_late():
