@@ -19,8 +19,8 @@ from audio.vad import item_speech
 ITEM_SAMPLES = 1280  # 80 ms
 CONTEXT_BEFORE = 2 * HOP_LENGTH + N_FFT // 2  # 520: two mel frames + half an FFT window
 CONTEXT_AFTER = N_FFT // 2  # 200: half an FFT window past the last mel frame
-STREAM_LOG_FLOOR = -7.0  # the streaming clamp floor's upper bound (log10 power); see below
-LOWEST_LOG_FLOOR = -11.0  # its lower bound
+STREAM_LOG_FLOOR = -7.0  # a usual level's clamp floor (log10 power): the padding of a window with no item
+LOWEST_LOG_FLOOR = -11.0  # the streaming clamp floor's lower bound; see below
 FLOOR_STEP = 0.25  # floors are rounded to this: few distinct item hashes
 PAUSE_ITEMS = 4  # 320 ms without speech end an utterance (see LogFloor)
 UTTERANCE_MARGIN = 1.0  # 10 dB (log10 power): an utterance this much under the session's loudest
@@ -114,8 +114,11 @@ class LogFloor:
     file's leading digital silence showed 30 dB darker than Whisper shows silence beside
     speech, and the first window read otherwise (a long file's prompts carry it on). The
     floor is causal and each item's features depend on its samples, its gain and its floor
-    alone (all in its hash). Bounded: loud speech (loudest bins near 1), and speech brought
-    up to `USUAL_LEVEL`, give the upper bound, -7; speech brought up to `QUIET_LEVEL` -8."""
+    alone (all in its hash). Speech at a usual level (loudest bins near 1), and speech brought
+    up to `USUAL_LEVEL`, give -7; speech brought up to `QUIET_LEVEL` -8; louder speech (a hot
+    microphone's, its loudest bins up to 2.5) counts from its own level, as Whisper's does: held
+    at -7, it showed the model up to 15 dB more of its quiet range than Whisper does, and read
+    worse. Bounded below only, at -11."""
 
     def __init__(self, n_mels: int = 80):
         self.n_mels = n_mels
@@ -131,7 +134,7 @@ class LogFloor:
         it -> (its gain, log10 power: `brought_up`; its floor)."""
         gain, level = self.step(level, speech)
         floor = round((level - DYNAMIC_RANGE) / FLOOR_STEP) * FLOOR_STEP
-        return gain, min(max(floor, LOWEST_LOG_FLOOR), STREAM_LOG_FLOOR)
+        return gain, max(floor, LOWEST_LOG_FLOOR)
 
     def step(self, level: float, speech: bool) -> tuple[float, float]:
         """As `push` -> (its gain; the level its floor counts from, brought up by the gain,
@@ -195,8 +198,8 @@ def item_gain_floors(samples: np.ndarray, probs: np.ndarray, threshold: float, n
     """(n,) float32 samples of a whole input and the VAD's (chunks,) probabilities of them ->
     (items,) gains and (items,) floors that streaming gives their items (`LogFloor`; the last
     one padded with silence, as a flush pads it); not `bounded`, the floors are the levels
-    they count from, brought up by the gain, less 80 dB, neither rounded nor bounded, as
-    Whisper's floor is."""
+    they count from, brought up by the gain, less 80 dB, neither rounded nor bounded below,
+    as Whisper's floor is."""
     speech = item_speech(probs, -(-samples.size // ITEM_SAMPLES), ITEM_SAMPLES, threshold)
     framer, log_floor = AudioFramer(), LogFloor(n_mels)
     gains: list[float] = []
