@@ -17,6 +17,7 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - reverb: the program in a room (a 0.5 s reverberation tail, as loud as the direct sound);
 - cheap-mic: the program 40 dB down on a DC offset of 1% of full scale, with a click near full
   scale before it and in one pause in four;
+- hot-mic: the program 20 dB up (-3 dBFS speech), clipped at full scale;
 - telephone-8k: the program band-passed to 300-3400 Hz, written at 8 kHz;
 - stereo-44k: the program at 44.1 kHz in two channels (the right one 2 dB quieter);
 - gaps-silence / gaps-noise: sentences with gaps of 5-60 s of digital silence, or with a
@@ -67,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 7  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 8  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -490,6 +491,15 @@ def cheap_microphone(clip: Clip, name: str, db: float, offset: float, seed: int)
     return Clip(name, name, audio.astype(np.float32), clip.rate, clip.sentences, gaps, info)
 
 
+def hot_microphone(clip: Clip, name: str, db: float) -> Clip:
+    """The clip `db` up through a microphone set too hot: clipped at full scale (a tenth of
+    the samples at +20 dB)."""
+    loud = with_gain(clip, name, db)
+    clipped = np.clip(loud.audio, -1.0, 1.0)
+    info = {**loud.info, "clipped": round(float(np.mean(np.abs(clipped) >= 1.0)), 4)}
+    return Clip(name, name, clipped, loud.rate, loud.sentences, loud.gaps, info)
+
+
 SOUNDS = ("music", "hum", "typing", "ringing", "breathing", "door", "rumble")
 SOUND_EDGE_S = 0.5  # a sound in a gap stops this far from the speech on each side
 
@@ -628,7 +638,7 @@ def program_conditions(clip: Clip, seed: int) -> list[Clip]:
     out += [with_noise(clip, f"{kind}-snr{snr}", kind, speech - snr, seed)
             for kind in ("pink", "white") for snr in (20, 10)]
     out += [with_babble(clip, "babble-snr12", 12.0, seed), reverberant(clip, "reverb", 0.5, seed)]
-    out += [cheap_microphone(clip, "cheap-mic", -40.0, 0.01, seed)]
+    out += [cheap_microphone(clip, "cheap-mic", -40.0, 0.01, seed), hot_microphone(clip, "hot-mic", 20.0)]
     return out + [telephone(clip, "telephone-8k"), stereo_44k(clip, "stereo-44k")]
 
 

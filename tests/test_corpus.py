@@ -26,7 +26,7 @@ from scripts.corpus import (
 from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
-              "white-snr10", "babble-snr12", "reverb", "cheap-mic", "telephone-8k", "stereo-44k",
+              "white-snr10", "babble-snr12", "reverb", "cheap-mic", "hot-mic", "telephone-8k", "stereo-44k",
               "gaps-silence", "gaps-noise", "gaps-sounds", "pauses-short", "run-on", "long-session",
               "end-abrupt", "previous-set", "real-ivr"}
 
@@ -128,6 +128,10 @@ def test_levels_noise_rates_and_channels_are_as_the_condition_says(built):
     assert abs(speech_db("level-0") - corpus.SPEECH_DBFS) < 2
     for name, db in (("level-20", -20), ("level-30", -30), ("level-50", -50)):
         assert clip[name][0]["gain_db"] == db and abs(speech_db(name) - speech_db("level-0") - db) < 0.1
+    m, a, r = clip["hot-mic"]  # 20 dB up, clipped: a few dB short of it
+    assert m["gain_db"] == 20 and 0.02 < m["clipped"] < 0.3
+    assert abs(np.mean(np.abs(a) > 0.999) - m["clipped"]) < 0.005
+    assert 10 < speech_db("hot-mic") - speech_db("level-0") < 20
     for name, snr in (("pink-snr20", 20), ("pink-snr10", 10), ("white-snr10", 10)):
         assert clip[name][0]["noise"]["snr_db"] == snr
         assert clip[name][0]["noise"]["dbfs"] == clip[name][0]["speech_dbfs"] - snr
