@@ -17,7 +17,7 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - reverb: the program in a room (a 0.5 s reverberation tail, as loud as the direct sound);
 - cheap-mic: the program 40 dB down on a DC offset of 1% of full scale, with a click near full
   scale before it and in one pause in four;
-- hot-mic: the program 20 dB up (-3 dBFS speech), clipped at full scale;
+- hot-mic: the program 20 dB up (-3 dBFS speech before clipping), clipped at full scale;
 - telephone-8k: the program band-passed to 300-3400 Hz, written at 8 kHz;
 - stereo-44k: the program at 44.1 kHz in two channels (the right one 2 dB quieter);
 - gaps-silence / gaps-noise: sentences with gaps of 5-60 s of digital silence, or with a
