@@ -93,7 +93,9 @@ class LocalAgreement:
     def _tail_end(self, hypothesis: list[Word], n: int) -> int | None:
         """Where the last `n` committed words end in a hypothesis, found by their tail
         (`new_words`), or by their last word spelled nearly the same where no tail is found;
-        None: not found."""
+        None: not found. Past the hypothesis's end where it stops before the last of them
+        (found by the words before it): no new words, and no reading of them all
+        (`read_window`)."""
         keys = [w.key for w in hypothesis]
         words = self.committed[len(self.committed) - n :]
         committed = [w.key for w in words]
