@@ -24,6 +24,9 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
   -60 dBFS pink noise floor throughout;
 - pauses-short / run-on: passages, one voice each, with 0.12-0.35 s between sentences, or
   0.03-0.08 s (sentences run on with no pause a VAD can hear);
+- hesitant: passages, one espeak-ng voice each, every sentence stopping once or twice for
+  0.3-1.5 s at a seeded word boundary (an SSML break: a talker who stops to think), 0.6-1.2 s
+  between sentences: pauses inside sentences, as long as those between them;
 - long-session: over 10 minutes of passages, one voice per passage, 1.5 s between sentences;
 - end-abrupt: short clips whose file ends within 50 ms after the last word;
 - previous-set: the recordings of the earlier evaluation set (the Austen passages once and in
@@ -68,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 8  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 9  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -284,18 +287,23 @@ class Piece:
 def random_voice(rng: random.Random) -> Voice:
     if rng.random() < 0.3:
         return Voice("flite", rng.choice(FLITE_VOICES), rng.randrange(85, 121))
+    return espeak_voice(rng)
+
+
+def espeak_voice(rng: random.Random) -> Voice:
     variant = rng.choice(ESPEAK_VARIANTS)
     name = rng.choice(ESPEAK_VOICES) + (f"+{variant}" if variant else "")
     return Voice("espeak", name, rng.randrange(130, 201), rng.randrange(30, 71))
 
 
-def synthesize(text: str, voice: Voice) -> np.ndarray:
-    """Text -> (n,) float32 16 kHz, as the voice speaks it (espeak-ng or flite by subprocess)."""
+def synthesize(text: str, voice: Voice, ssml: bool = False) -> np.ndarray:
+    """Text -> (n,) float32 16 kHz, as the voice speaks it (espeak-ng or flite by subprocess;
+    `ssml`: the text is SSML, espeak-ng only)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "out.wav"
         if voice.engine == "espeak":
-            command = ["espeak-ng", "-v", voice.name, "-s", str(voice.rate), "-p", str(voice.pitch),
-                       "-w", str(path), text]
+            command = ["espeak-ng", *(["-m"] if ssml else []), "-v", voice.name, "-s", str(voice.rate),
+                       "-p", str(voice.pitch), "-w", str(path), text]
         else:
             command = ["flite", "-voice", voice.name, "--setf",
                        f"duration_stretch={voice.rate / 100}", "-t", text, "-o", str(path)]
@@ -676,6 +684,28 @@ def close_pauses(seed: int, quick: bool) -> list[Clip]:
     return out
 
 
+def hesitant_piece(text: str, voice: Voice, rng: random.Random, low: float, high: float) -> Piece:
+    """A sentence that stops once or twice for `low`-`high` s at seeded word boundaries."""
+    words = text.split()
+    cuts = sorted(rng.sample(range(1, len(words)), min(len(words) - 1, rng.choice([1, 2]))))
+    parts = [" ".join(words[a:b]) for a, b in zip([0, *cuts], [*cuts, len(words)], strict=True)]
+    breaks = [f' <break time="{round(rng.uniform(low, high) * 1000)}ms"/> ' for _ in cuts]
+    ssml = "<speak>" + "".join(p + b for p, b in zip(parts, [*breaks, ""], strict=True)) + "</speak>"
+    return make_piece(synthesize(ssml, voice, ssml=True), text, f"{voice.label} hesitant")
+
+
+def hesitant(seed: int, quick: bool, low: float = 0.3, high: float = 1.5) -> Clip:
+    """Passages, one espeak-ng voice each, their sentences stopping inside (`hesitant_piece`):
+    pauses a VAD ends speech at, that end no sentence."""
+    rng = voices_rng(seed, "hesitant")
+    passages = [PASSAGES[3][:3]] if quick else list(PASSAGES[3:9])
+    pieces = []
+    for passage in passages:
+        voice = espeak_voice(rng)
+        pieces += [hesitant_piece(t, voice, rng, low, high) for t in passage]
+    return layout("hesitant", "hesitant", pieces, [rng.uniform(0.6, 1.2) for _ in pieces[1:]])
+
+
 def long_session(seed: int, quick: bool, real: dict[str, Piece]) -> Clip:
     """Passage after passage, one voice each, the Austen passages among them; 1.5 s pauses."""
     rng = voices_rng(seed, "long-session")
@@ -740,7 +770,7 @@ def clips(seed: int = 0, quick: bool = False) -> list[Clip]:
     sounds = gap_clip("gaps-sounds", seed, quick, 12, [5.0, 7.0] if quick else
                       [5.0, 7.0, 10.0, 14.0, 20.0, 30.0, 45.0])
     out.append(with_sounds(sounds, "gaps-sounds", seed))
-    out += close_pauses(seed, quick)
+    out += close_pauses(seed, quick) + [hesitant(seed, quick)]
     out.append(long_session(seed, quick, real))
     return out + end_clips(seed, quick) + previous_set(quick, real) + [real_ivr(seed, quick)]
 

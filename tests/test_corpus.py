@@ -27,8 +27,8 @@ from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
               "white-snr10", "babble-snr12", "reverb", "cheap-mic", "hot-mic", "telephone-8k", "stereo-44k",
-              "gaps-silence", "gaps-noise", "gaps-sounds", "pauses-short", "run-on", "long-session",
-              "end-abrupt", "previous-set", "real-ivr"}
+              "gaps-silence", "gaps-noise", "gaps-sounds", "pauses-short", "run-on", "hesitant",
+              "long-session", "end-abrupt", "previous-set", "real-ivr"}
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +181,18 @@ def test_close_pauses_are_as_short_as_their_condition_says(built):
         sentences = clip[name][0]["sentences"]
         pauses = [b["onset"] - a["end"] for a, b in zip(sentences, sentences[1:], strict=False)]
         assert len(pauses) >= 2 and all(low - 1e-3 <= p <= high + 1e-3 for p in pauses), (name, pauses)
+
+
+def test_hesitant_sentences_stop_inside_as_long_as_between(built):
+    manifest, audio, rate = by_name(built)["hesitant"]
+    sentences = manifest["sentences"]
+    assert len({s["speaker"] for s in sentences}) == 1  # one passage in the quick corpus
+    for s in sentences:
+        inside = corpus.frame_db(audio[round(s["onset"] * rate) : round(s["end"] * rate)])
+        quiet = np.convolve(inside < -70, np.ones(30), mode="valid") == 30  # 0.3 s with no speech
+        assert quiet.any(), s["text"]
+    pauses = [b["onset"] - a["end"] for a, b in zip(sentences, sentences[1:], strict=False)]
+    assert all(0.6 - 1e-3 <= p <= 1.2 + 1e-3 for p in pauses)
 
 
 def test_the_build_is_deterministic(built):
