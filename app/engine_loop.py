@@ -73,6 +73,10 @@ class EngineLoop:
     def flush(self, request_id: str) -> None:
         self._queue("flush", request_id)
 
+    def set_endpoint(self, request_id: str, endpoint_ms: int) -> None:
+        """The pause that ends the session's utterances from now on (Engine.set_endpoint)."""
+        self._queue("endpoint", request_id, endpoint_ms)
+
     def set_turns(self, request_id: str, settings: TurnSettings | None) -> None:
         """The session's speech started / stopped events from now on come to its sink as
         outputs of their own (EngineOutput.turns); None: no more."""
@@ -211,6 +215,8 @@ class EngineLoop:
                     engine.add_audio(request_id, payload)
                 elif op == "turns":
                     engine.set_turns(request_id, payload)
+                elif op == "endpoint":
+                    engine.set_endpoint(request_id, payload)
                 elif op == "flush":
                     engine.flush(request_id)
                 elif op == "finish":

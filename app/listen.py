@@ -6,8 +6,10 @@ like one (webm from a browser's MediaRecorder, ogg, wav, flac, mp3), else linear
 `sample_rate` (8000-48000, default 16000; a container's own rate wins), `channels`
 (interleaved channels are mixed down to one), `interim_results` (default false), `punctuate`
 / `smart_format` (default false: lowercase words without punctuation, as Deepgram's),
-`utterance_end_ms`, `vad_events`, `endpointing` (accepted; the server's `endpoint_ms`
-decides), `model` and `language` (accepted; the running model answers). Booleans are `true`
+`utterance_end_ms`, `vad_events`, `endpointing` (ms: a pause this long ends an utterance and
+its final, where it is longer than the server's `endpoint_ms`, which decides otherwise, and
+with `false`; longer pauses suit a talker who stops mid-sentence), `model` and `language`
+(accepted; the running model answers). Booleans are `true`
 / `false`.
 
 Client messages: binary audio frames; {"type": "KeepAlive"}; {"type": "Finalize"} (commit
@@ -66,6 +68,7 @@ ENCODINGS = {"linear16": "pcm16", "pcm16": "pcm16", "linear32": "linear32", "flo
              "mulaw": "mulaw", "alaw": "alaw", "opus": "container", "flac": "container"}
 CONTAINER, SNIFF = "container", "sniff"  # decoded by PyAV; a container or linear16, by its start
 MAX_CHANNELS = 8
+MAX_ENDPOINTING_MS = 10_000  # as the server's endpoint_ms
 REPLAY_FINALS = 1000  # finals kept for a resume to re-send
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 ENGLISH = ("en", "en-us", "en-gb", "en-au", "en-in", "en-nz")
@@ -79,6 +82,7 @@ class ListenOptions:
     interim_results: bool = False
     punctuate: bool = False
     utterance_end_ms: int | None = None
+    endpoint_ms: int | None = None  # `endpointing`: the session's own pause (Stream.set_endpoint)
     vad_events: bool = False
     voxtide_events: bool = False
 
@@ -124,14 +128,15 @@ def parse_listen_query(query: str, multilingual: bool = False) -> ListenOptions 
         raise ValueError(f"encoding {encoding!r} is not supported; use linear16, linear32, mulaw, "
                          "alaw, float32, opus or flac, or none for containerized audio")
     check_channels_and_language(params, multilingual)
+    endpoint_ms = None
     if params.get("endpointing", "10").lower() not in FALSE:
-        int_param(params, "endpointing", 0, 60_000)  # accepted; the server's endpoint_ms decides
+        endpoint_ms = int_param(params, "endpointing", 0, MAX_ENDPOINTING_MS)
     return ListenOptions(
         rate=query_rate(params, 16000), encoding=ENCODINGS.get(encoding, SNIFF),
         channels=int_param(params, "channels", 1, MAX_CHANNELS) or 1,
         interim_results=flag(params, "interim_results"),
         punctuate=flag(params, "punctuate") or flag(params, "smart_format"),
-        utterance_end_ms=int_param(params, "utterance_end_ms", 1000, 60_000),
+        utterance_end_ms=int_param(params, "utterance_end_ms", 1000, 60_000), endpoint_ms=endpoint_ms,
         vad_events=flag(params, "vad_events"), voxtide_events=flag(params, "voxtide_events"))
 
 
@@ -199,6 +204,8 @@ class ListenSession(Session):
                                 model=self.ctx.model_name)
 
     async def on_open(self) -> None:
+        if self.options.endpoint_ms:
+            self.ctx.loop.set_endpoint(self.id, self.options.endpoint_ms)
         if self.options.vad_events:
             self.ctx.loop.set_turns(self.id, TurnSettings())
         if self.options.voxtide_events:

@@ -43,6 +43,11 @@ class PauseTracker:
         self.pause_items = 0  # items in a row that are pauses
         self.dipped = False  # the current pause holds a quieter item the VAD heard as speech
 
+    def set_endpoint(self, endpoint_items: int) -> None:
+        """A pause of `endpoint_items` ends an utterance from now on."""
+        self.endpoint_items = endpoint_items
+        self.dip_items = max(endpoint_items, -(-DIP_PAUSE_MS // self.item_ms))
+
     @property
     def ends_utterance(self) -> bool:
         """Whether the pause so far is long enough to end the utterance before it."""

@@ -129,6 +129,10 @@ class Engine:
         stream.finish()
         self.scheduler.note_final_due(stream.request)
 
+    def set_endpoint(self, request_id: str, endpoint_ms: int) -> None:
+        """The pause that ends the session's utterances from now on (Stream.set_endpoint)."""
+        self.stream(request_id).set_endpoint(endpoint_ms)
+
     def set_turns(self, request_id: str, settings: TurnSettings | None) -> None:
         """Find the session's speech started / stopped events from now on (None: stop);
         `take_turns` hands them out."""

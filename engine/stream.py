@@ -235,6 +235,18 @@ class Stream:
         if padding:
             self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
 
+    def set_endpoint(self, endpoint_ms: int) -> None:
+        """The session's own endpoint: a pause of `endpoint_ms` (rounded up to whole items)
+        ends an utterance from now on, never a shorter one than the server's
+        (`EngineConfig.endpoint_ms`). A talker who stops to think mid-sentence gets a final
+        there, and the rest of the sentence is read as a new one; a client that expects such
+        pauses asks for a longer endpoint, at the cost of its finals' latency. A file's
+        windows, and a server without endpointing, are left as they are."""
+        if self.pauses is None or self.request.background:
+            return
+        endpoint_ms = max(endpoint_ms, self.config.endpoint_ms or 0)
+        self.pauses.set_endpoint(-(-ms_to_positions(endpoint_ms) // self.item_positions))
+
     def set_turns(self, settings: TurnSettings | None) -> None:
         """Find speech started / stopped events in the audio from now on (None: stop)."""
         self.turns = TurnDetector(settings) if settings is not None else None

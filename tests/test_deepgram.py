@@ -26,7 +26,7 @@ from websockets.exceptions import InvalidStatus
 from app.replay import result_words, transcript
 from audio.io import float_to_pcm16
 from tests.helpers import encode
-from tests.server_client import g711, pcm16_at, receive_all, resample_to, running_server
+from tests.server_client import g711, pcm16_at, receive_all, resample_to, running_server, wait_until
 from tests.test_server import clip, error_rate
 
 MODELS = {"Results": ListenV1Results, "Metadata": ListenV1Metadata, "UtteranceEnd": ListenV1UtteranceEnd,
@@ -118,6 +118,22 @@ async def test_listen_messages_pass_the_sdk_models_strictly(tmp_path):
     words = [w for m in finals for w in m["channel"]["alternatives"][0]["words"]]
     assert words and all("punctuated_word" not in w and w["word"] == w["word"].lower() for w in words)
     assert not any(c in transcript(m) for m in finals for c in ".,?!")
+
+
+async def test_endpointing_sets_the_sessions_pause_never_under_the_servers(tmp_path):
+    async with running_server(tmp_path) as server:
+        streams = server.loop.engine.streams
+        for query, items in (("endpointing=1000", 13), ("endpointing=10", 3), ("endpointing=false", 3)):
+            async with connect(f"ws://127.0.0.1:{server.port}/v1/listen?voxtide_events=true&{query}") as ws:
+                session_id = json.loads(await ws.recv())["session_id"]
+                await ws.send(bytes(3200))
+                # (80 ms items; the commands reach the engine on its loop's next step)
+                await wait_until(lambda sid=session_id, n=items: sid in streams
+                                 and streams[sid].pauses.endpoint_items == n, 30)
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(f"ws://127.0.0.1:{server.port}/v1/listen?endpointing=20000"):
+                pass
+        assert info.value.response.status_code == 400 and b"endpointing" in info.value.response.body
 
 
 async def test_deepgram_defaults_auth_and_subprotocol(tmp_path):

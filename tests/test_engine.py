@@ -373,6 +373,61 @@ def test_an_endpoint_comes_after_whole_silent_items(endpoint_ms, silent_items):
     assert silence // stream.item_positions == silent_items
 
 
+@pytest.mark.parametrize(("asked_ms", "silent_items"), [(None, 3), (100, 3), (600, 8)])
+def test_a_session_may_ask_for_a_longer_endpoint_never_a_shorter_one(asked_ms, silent_items):
+    """Stream.set_endpoint: 600 ms is 8 whole items; 100 ms is under the server's 250."""
+    engine = Engine(bundle(), EngineConfig(endpoint_ms=250))
+    engine.add_request("s")
+    if asked_ms is not None:
+        engine.set_endpoint("s", asked_ms)
+    speech = audio(librivox_path("0870")).numpy()
+    engine.add_audio("s", speech[: np.nonzero(np.abs(speech) > 0.05)[0][-1]])
+    stream = engine.streams["s"]
+    request = stream.request
+    for _ in range(12):
+        engine.hear()
+        if request.endpoints:
+            break
+        engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
+    assert (request.endpoints[0] - request.last_speech_end) // stream.item_positions == silent_items
+
+
+def test_with_a_longer_endpoint_a_pause_inside_the_talk_ends_no_final():
+    """Two recordings 1 s apart: the server's endpoint commits the first at the pause; a session
+    that asked for 2 s gets no final until the stream ends, then all of it."""
+    (first, second), paths = [audio(librivox_path(c)).numpy() for c in ("0880", "0930")], \
+        [librivox_path(c) for c in ("0880", "0930")]
+    samples = np.concatenate([first, np.zeros(16000, np.float32), second])
+    reference = " ".join(transcripts()[p] for p in paths)
+
+    def run(asked_ms: int | None) -> tuple[list, list]:
+        engine = Engine(bundle(), EngineConfig(endpoint_ms=250))
+        engine.add_request("s")
+        if asked_ms is not None:
+            engine.set_endpoint("s", asked_ms)
+        before = []
+        for i in range(0, len(samples), 3200):  # 200 ms chunks, a step after each
+            engine.add_audio("s", samples[i : i + 3200])
+            for out in engine.step():
+                before += out.committed
+        while engine.has_work():
+            for out in engine.step():
+                before += out.committed
+        engine.finish("s")
+        after = []
+        while engine.has_work():
+            for out in engine.step():
+                after += out.committed
+        return before, after
+
+    before, _ = run(None)
+    assert any(w.end_ms <= first.size / 16 for w in before)  # a final in the pause
+    before, after = run(2000)
+    assert before == []
+    errors, n = word_errors(reference, "".join(w.text for w in after))
+    assert errors / n <= 0.15
+
+
 def test_finals_per_step_default_to_two_on_the_cpu():
     on_cpu = bundle().device.type == "cpu"
     assert Engine(bundle()).scheduler.config.max_finals == (2 if on_cpu else None)
