@@ -6,11 +6,10 @@ like one (webm from a browser's MediaRecorder, ogg, wav, flac, mp3), else linear
 `sample_rate` (8000-48000, default 16000; a container's own rate wins), `channels`
 (interleaved channels are mixed down to one), `interim_results` (default false), `punctuate`
 / `smart_format` (default false: lowercase words without punctuation, as Deepgram's),
-`utterance_end_ms`, `vad_events`, `endpointing` (ms: a pause this long ends an utterance and
-its final, where it is longer than the server's `endpoint_ms`, which decides otherwise, and
-with `false`; longer pauses suit a talker who stops mid-sentence), `model` and `language`
-(accepted; the running model answers). Booleans are `true`
-/ `false`.
+`utterance_end_ms`, `vad_events`, `endpointing` (0-10000 ms: a pause this long ends an
+utterance and its final, where longer than the server's `endpoint_ms`; `false` and shorter
+ones leave the server's; a longer one suits a talker who stops mid-sentence), `model` and
+`language` (accepted; the running model answers). Booleans are `true` / `false`.
 
 Client messages: binary audio frames; {"type": "KeepAlive"}; {"type": "Finalize"} (commit
 everything so far, keep the stream open; the final that completes it has `from_finalize`);

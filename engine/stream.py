@@ -236,8 +236,8 @@ class Stream:
             self.padding.add(samples_to_ms(framer.num_samples), samples_to_ms(framer.num_padded))
 
     def set_endpoint(self, endpoint_ms: int) -> None:
-        """The session's own endpoint: a pause of `endpoint_ms` (rounded up to whole items)
-        ends an utterance from now on, never a shorter one than the server's
+        """The session's own endpoint: a pause of `endpoint_ms` (in whole items, as the
+        server's) ends an utterance from now on, never a shorter one than the server's
         (`EngineConfig.endpoint_ms`). A talker who stops to think mid-sentence gets a final
         there, and the rest of the sentence is read as a new one; a client that expects such
         pauses asks for a longer endpoint, at the cost of its finals' latency. A file's
