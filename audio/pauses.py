@@ -34,8 +34,7 @@ class PauseTracker:
 
     def __init__(self, item_ms: int, endpoint_items: int, dips: bool = True):
         self.item_ms = item_ms
-        self.endpoint_items = endpoint_items  # a VAD pause this long ends an utterance
-        self.dip_items = max(endpoint_items, -(-DIP_PAUSE_MS // item_ms))
+        self.set_endpoint(endpoint_items)  # endpoint_items, dip_items
         self.dips = dips
         self.levels: deque[float] = deque(maxlen=TALKER_MS // item_ms)  # recent speech items' dBFS
         self.talk_items = 0  # speech items since the VAD's last pause
@@ -44,7 +43,8 @@ class PauseTracker:
         self.dipped = False  # the current pause holds a quieter item the VAD heard as speech
 
     def set_endpoint(self, endpoint_items: int) -> None:
-        """A pause of `endpoint_items` ends an utterance from now on."""
+        """A VAD pause of `endpoint_items` ends an utterance from now on (one with quieter
+        items, at least DIP_PAUSE_MS)."""
         self.endpoint_items = endpoint_items
         self.dip_items = max(endpoint_items, -(-DIP_PAUSE_MS // self.item_ms))
 

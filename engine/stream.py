@@ -181,8 +181,8 @@ class Stream:
         # silences are the VAD's
         self.pauses: PauseTracker | None = None
         if endpoint_ms is not None:
-            items = -(-ms_to_positions(endpoint_ms) // self.item_positions)
-            self.pauses = PauseTracker(samples_to_ms(config.item_samples), items, not background)
+            self.pauses = PauseTracker(samples_to_ms(config.item_samples), self._items(endpoint_ms),
+                                       not background)
 
     @property
     def request_id(self) -> str:
@@ -244,8 +244,11 @@ class Stream:
         windows, and a server without endpointing, are left as they are."""
         if self.pauses is None or self.request.background:
             return
-        endpoint_ms = max(endpoint_ms, self.config.endpoint_ms or 0)
-        self.pauses.set_endpoint(-(-ms_to_positions(endpoint_ms) // self.item_positions))
+        self.pauses.set_endpoint(self._items(max(endpoint_ms, self.config.endpoint_ms or 0)))
+
+    def _items(self, ms: int) -> int:
+        """A pause of `ms` in whole items (the setting rounded down to 20 ms, then up)."""
+        return -(-ms_to_positions(ms) // self.item_positions)
 
     def set_turns(self, settings: TurnSettings | None) -> None:
         """Find speech started / stopped events in the audio from now on (None: stop)."""

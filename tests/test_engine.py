@@ -352,20 +352,27 @@ def test_a_pause_after_speech_commits_the_utterance_without_finishing():
         Engine(bundle(), EngineConfig(endpoint_ms=10))
 
 
+def speech_then_silence_to_an_endpoint(engine: Engine, items: int) -> Stream:
+    """A recording up to its last word into session "s", then silence one item at a time (at
+    most `items`) until the VAD has heard an endpoint -> the stream."""
+    speech = audio(librivox_path("0870")).numpy()
+    engine.add_audio("s", speech[: np.nonzero(np.abs(speech) > 0.05)[0][-1]])
+    stream = engine.streams["s"]
+    for _ in range(items):
+        engine.hear()
+        if stream.request.endpoints:
+            break
+        engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
+    return stream
+
+
 @pytest.mark.parametrize(("endpoint_ms", "silent_items"), [(100, 2), (240, 3), (250, 3), (320, 4)])
 def test_an_endpoint_comes_after_whole_silent_items(endpoint_ms, silent_items):
     """Silence is counted in 80 ms items against the setting rounded down to 20 ms (docs)."""
     engine = Engine(bundle(), EngineConfig(endpoint_ms=endpoint_ms))
     engine.add_request("s")
-    speech = audio(librivox_path("0870")).numpy()
-    engine.add_audio("s", speech[: np.nonzero(np.abs(speech) > 0.05)[0][-1]])  # up to its last word
-    stream = engine.streams["s"]
+    stream = speech_then_silence_to_an_endpoint(engine, 8)
     request = stream.request
-    for _ in range(8):  # then silence, one item at a time
-        engine.hear()
-        if request.endpoints:
-            break
-        engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
     # at the end of the last item the VAD has heard whole (the next waits for its last chunk)
     assert list(request.endpoints) == [request.num_positions]
     assert request.num_positions - request.endpoints[0] <= stream.item_positions
@@ -380,23 +387,16 @@ def test_a_session_may_ask_for_a_longer_endpoint_never_a_shorter_one(asked_ms, s
     engine.add_request("s")
     if asked_ms is not None:
         engine.set_endpoint("s", asked_ms)
-    speech = audio(librivox_path("0870")).numpy()
-    engine.add_audio("s", speech[: np.nonzero(np.abs(speech) > 0.05)[0][-1]])
-    stream = engine.streams["s"]
+    stream = speech_then_silence_to_an_endpoint(engine, 12)
     request = stream.request
-    for _ in range(12):
-        engine.hear()
-        if request.endpoints:
-            break
-        engine.add_audio("s", np.zeros(engine.config.item_samples, np.float32))
     assert (request.endpoints[0] - request.last_speech_end) // stream.item_positions == silent_items
 
 
 def test_with_a_longer_endpoint_a_pause_inside_the_talk_ends_no_final():
     """Two recordings 1 s apart: the server's endpoint commits the first at the pause; a session
     that asked for 2 s gets no final until the stream ends, then all of it."""
-    (first, second), paths = [audio(librivox_path(c)).numpy() for c in ("0880", "0930")], \
-        [librivox_path(c) for c in ("0880", "0930")]
+    paths = [librivox_path(c) for c in ("0880", "0930")]
+    first, second = (audio(p).numpy() for p in paths)
     samples = np.concatenate([first, np.zeros(16000, np.float32), second])
     reference = " ".join(transcripts()[p] for p in paths)
 
