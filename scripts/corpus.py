@@ -1,10 +1,11 @@
 """Evaluation corpus, built at run time: speech with known text, onsets and gaps, under conditions.
 
 Sources (nothing is downloaded): espeak-ng in many voices and variants, rates and pitches; Debian's
-flite voices (kal, kal16, awb, rms, slt); the real recordings of pocketsphinx-testdata (the
-Sense and Sensibility passages, the card phrases, "go forward ten meters") and of
-asterisk-core-sounds-en-wav (Asterisk's English prompts, their texts in
-asterisk-core-sounds-en). The TTS speaks the passages below, written for this corpus. Every
+flite voices (kal, kal16, awb, rms, slt); Debian's festival voices (the slt HTS voice, the kal
+and ked diphone voices), a TTS engine the rest of the corpus does not use; the real
+recordings of pocketsphinx-testdata (the Sense and Sensibility passages, the card phrases,
+"go forward ten meters") and of asterisk-core-sounds-en-wav (Asterisk's English prompts,
+their texts in asterisk-core-sounds-en). The TTS speaks the passages below, written for this corpus. Every
 piece is trimmed to its speech (an energy threshold on 10 ms frames) and brought to the same
 speech level, then placed at known sample positions, so each sentence's onset and end are
 exact.
@@ -27,6 +28,8 @@ Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - hesitant: passages, one espeak-ng voice each, every sentence stopping once or twice for
   0.3-1.5 s at a seeded word boundary (an SSML break: a talker who stops to think), 0.6-1.2 s
   between sentences: pauses inside sentences, as long as those between them;
+- festival / festival-pink-snr10: the program's TTS sentences read by festival voices (a voice
+  per sentence, 0.6-1.2 s pauses), clean and with pink noise 10 dB under the speech;
 - long-session: over 10 minutes of passages, one voice per passage, 1.5 s between sentences;
 - end-abrupt: short clips whose file ends within 50 ms after the last word;
 - previous-set: the recordings of the earlier evaluation set (the Austen passages once and in
@@ -71,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 9  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 10  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -257,6 +260,7 @@ ESPEAK_VOICES = ["en", "en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029
                  "en-gb-x-gbcwmd", "en-us-nyc"]
 ESPEAK_VARIANTS = ["", "f1", "f2", "f3", "f4", "m1", "m2", "m3", "m4", "m5", "m6", "m7"]
 FLITE_VOICES = ["kal", "kal16", "awb", "rms", "slt"]
+FESTIVAL_VOICES = ["cmu_us_slt_arctic_hts", "kal_diphone", "ked_diphone"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,15 +269,17 @@ FLITE_VOICES = ["kal", "kal16", "awb", "rms", "slt"]
 
 @dataclass(frozen=True)
 class Voice:
-    engine: str  # "espeak" or "flite"
-    name: str  # espeak voice with its +variant, or the flite voice
-    rate: int  # espeak: words per minute; flite: duration stretch in percent
+    engine: str  # "espeak", "flite" or "festival"
+    name: str  # espeak voice with its +variant, or the flite or festival voice
+    rate: int  # espeak: words per minute; flite: duration stretch in percent; festival: unused
     pitch: int = 50  # espeak only (0-99)
 
     @property
     def label(self) -> str:
         if self.engine == "flite":
             return f"flite:{self.name} x{self.rate / 100:.2f}"
+        if self.engine == "festival":
+            return f"festival:{self.name}"
         return f"espeak:{self.name} s{self.rate} p{self.pitch}"
 
 
@@ -297,21 +303,28 @@ def espeak_voice(rng: random.Random) -> Voice:
 
 
 def synthesize(text: str, voice: Voice, ssml: bool = False) -> np.ndarray:
-    """Text -> (n,) float32 16 kHz, as the voice speaks it (espeak-ng or flite by subprocess;
-    `ssml`: the text is SSML, espeak-ng only)."""
+    """Text -> (n,) float32 16 kHz, as the voice speaks it (espeak-ng, flite or festival's
+    text2wave by subprocess; `ssml`: the text is SSML, espeak-ng only)."""
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "out.wav"
+        path, stdin = Path(folder) / "out.wav", None
         if voice.engine == "espeak":
             command = ["espeak-ng", *(["-m"] if ssml else []), "-v", voice.name, "-s", str(voice.rate),
                        "-p", str(voice.pitch), "-w", str(path), text]
+        elif voice.engine == "festival":
+            command, stdin = ["text2wave", "-eval", f"(voice_{voice.name})", "-o", str(path)], text.encode()
         else:
             command = ["flite", "-voice", voice.name, "--setf",
                        f"duration_stretch={voice.rate / 100}", "-t", text, "-o", str(path)]
         if shutil.which(command[0]) is None:
-            raise RuntimeError(f"{command[0]} is not installed: apt-get install {command[0]}")
-        subprocess.run(command, check=True, capture_output=True)
+            raise RuntimeError(f"{command[0]} is not installed: apt-get install {PACKAGES[command[0]]}")
+        subprocess.run(command, input=stdin, check=True, capture_output=True)
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)
     return to_rate(data.mean(axis=1), rate, RATE)
+
+
+# the Debian packages of each synthesizer (festival's voices are packages of their own)
+PACKAGES = {"espeak-ng": "espeak-ng", "flite": "flite",
+            "text2wave": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"}
 
 
 def to_rate(samples: np.ndarray, rate: int, new_rate: int) -> np.ndarray:
@@ -640,6 +653,17 @@ def program(seed: int, quick: bool, real: dict[str, Piece]) -> Clip:
     return layout("program", "program", pieces, [rng.uniform(0.6, 1.2) for _ in pieces[1:]])
 
 
+def festival(seed: int, quick: bool) -> list[Clip]:
+    """The program's TTS sentences read by festival's voices, a voice per sentence, 0.6-1.2 s
+    pauses: clean, and with pink noise 10 dB under the speech."""
+    rng = voices_rng(seed, "festival")
+    texts = sentences_of(0, 6)[: 3 if quick else None]
+    pieces = [tts_piece(t, Voice("festival", rng.choice(FESTIVAL_VOICES), 100)) for t in texts]
+    clip = layout("festival", "festival", pieces, [rng.uniform(0.6, 1.2) for _ in pieces[1:]])
+    noisy = with_noise(clip, "festival-pink-snr10", "pink", clip.info["speech_dbfs"] - 10, seed)
+    return [clip, noisy]
+
+
 def program_conditions(clip: Clip, seed: int) -> list[Clip]:
     speech = clip.info["speech_dbfs"]
     out = [with_gain(clip, f"level-{-db}" if db else "level-0", db) for db in (0, -20, -30, -50)]
@@ -761,7 +785,7 @@ def real_ivr(seed: int, quick: bool) -> Clip:
 def clips(seed: int = 0, quick: bool = False) -> list[Clip]:
     """Every clip of the corpus (`quick`: a few minutes in all, every condition present)."""
     real = recordings()
-    out = program_conditions(program(seed, quick, real), seed)
+    out = program_conditions(program(seed, quick, real), seed) + festival(seed, quick)
     out.append(gap_clip("gaps-silence", seed, quick, 6, [5.0, 8.0] if quick else
                         [5.0, 8.0, 12.0, 20.0, 30.0, 45.0, 60.0]))
     noisy = gap_clip("gaps-noise", seed, quick, 9, [6.0, 5.0] if quick else

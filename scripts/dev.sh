@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="pocketsphinx-testdata espeak-ng flite sox chromium chromium-driver asterisk-core-sounds-en-wav asterisk-core-sounds-en"
+APT_PACKAGES="pocketsphinx-testdata espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox chromium chromium-driver asterisk-core-sounds-en-wav asterisk-core-sounds-en"
 root="${VOXTIDE_VENV_ROOT:-$HOME/.cache/voxtide}"
 key=$( (cat pyproject.toml; python3 --version) | sha256sum | cut -c1-16)
 venv="$root/venv-$key"

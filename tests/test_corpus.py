@@ -27,7 +27,8 @@ from scripts.wer import edit_distance
 
 CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
               "white-snr10", "babble-snr12", "reverb", "cheap-mic", "hot-mic", "telephone-8k", "stereo-44k",
-              "gaps-silence", "gaps-noise", "gaps-sounds", "pauses-short", "run-on", "hesitant",
+              "festival", "festival-pink-snr10", "gaps-silence", "gaps-noise", "gaps-sounds", "pauses-short",
+              "run-on", "hesitant",
               "long-session", "end-abrupt", "previous-set", "real-ivr"}
 
 
@@ -132,7 +133,8 @@ def test_levels_noise_rates_and_channels_are_as_the_condition_says(built):
     assert m["gain_db"] == 20 and 0.02 < m["clipped"] < 0.3
     assert abs(np.mean(np.abs(a) > 0.999) - m["clipped"]) < 0.005
     assert 10 < speech_db("hot-mic") - speech_db("level-0") < 20
-    for name, snr in (("pink-snr20", 20), ("pink-snr10", 10), ("white-snr10", 10)):
+    noisy = (("pink-snr20", 20), ("pink-snr10", 10), ("white-snr10", 10), ("festival-pink-snr10", 10))
+    for name, snr in noisy:
         assert clip[name][0]["noise"]["snr_db"] == snr
         assert clip[name][0]["noise"]["dbfs"] == clip[name][0]["speech_dbfs"] - snr
     assert clip["gaps-noise"][0]["noise"]["dbfs"] == -60
@@ -193,6 +195,18 @@ def test_hesitant_sentences_stop_inside_as_long_as_between(built):
         assert quiet.any(), s["text"]
     pauses = [b["onset"] - a["end"] for a, b in zip(sentences, sentences[1:], strict=False)]
     assert all(0.6 - 1e-3 <= p <= 1.2 + 1e-3 for p in pauses)
+
+
+def test_festival_reads_the_programs_sentences_in_its_own_voices(built):
+    clip = by_name(built)
+    program = [s["text"] for s in clip["level-0"][0]["sentences"]
+               if not s["speaker"].startswith("recording:")]
+    for name in ("festival", "festival-pink-snr10"):
+        sentences = clip[name][0]["sentences"]
+        assert [s["text"] for s in sentences] == program
+        assert all(s["speaker"].split(":")[0] == "festival" for s in sentences)
+        assert all(s["end"] - s["onset"] > 0.2 * len(s["text"].split()) for s in sentences)  # spoken, not cut
+    assert abs(clip["festival"][0]["speech_dbfs"] - corpus.SPEECH_DBFS) < 1e-6
 
 
 def test_the_build_is_deterministic(built):
