@@ -845,10 +845,10 @@ def summary(index: dict) -> str:
     for c in index["clips"]:
         row = by.setdefault(c["condition"], [0, 0.0, 0.0])
         row[0], row[1], row[2] = row[0] + 1, row[1] + c["duration"], row[2] + c["speech"]
-    lines = [f"{'condition':<16} {'clips':>5} {'audio min':>9} {'speech min':>10}"]
-    lines += [f"{k:<16} {n:5d} {a / 60:9.2f} {s / 60:10.2f}" for k, (n, a, s) in by.items()]
+    lines = [f"{'condition':<20} {'clips':>5} {'audio min':>9} {'speech min':>10}"]
+    lines += [f"{k:<20} {n:5d} {a / 60:9.2f} {s / 60:10.2f}" for k, (n, a, s) in by.items()]
     total = [sum(v[i] for v in by.values()) for i in range(3)]
-    lines.append(f"{'all':<16} {total[0]:5d} {total[1] / 60:9.2f} {total[2] / 60:10.2f}")
+    lines.append(f"{'all':<20} {total[0]:5d} {total[1] / 60:9.2f} {total[2] / 60:10.2f}")
     return "\n".join(lines)
 
 

@@ -1,10 +1,10 @@
 """Evaluate: fidelity, WER and latency of Voxtide streaming vs offline, faster-whisper int8 as peer.
 
 The set is the corpus of scripts/corpus.py (built at run time into data/corpus, or
-data/corpus-quick with `--quick`): TTS voices and real recordings under conditions (levels,
-noise, telephone band, 44.1 kHz stereo, long gaps, short pauses and run-on speech, pauses
-inside sentences, a long session, abrupt ends, and the recordings of the earlier evaluation
-set). Each clip goes through
+data/corpus-quick with `--quick`): TTS voices (espeak-ng, flite, festival) and real recordings
+under conditions (levels, noise, telephone band, 44.1 kHz stereo, long gaps, short pauses and
+run-on speech, pauses inside sentences, a long session, abrupt ends, and the recordings of
+the earlier evaluation set). Each clip goes through
 - `stream`: a /v1/listen session on a server in this process, at the file's own sample rate
   (stereo downmixed by the client), real-time pace in 100 ms chunks (`--fast`: as fast as the
   socket takes it); final latency p50/p95 (a final's arrival minus when the audio up to the
