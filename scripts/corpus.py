@@ -261,6 +261,9 @@ ESPEAK_VOICES = ["en", "en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029
 ESPEAK_VARIANTS = ["", "f1", "f2", "f3", "f4", "m1", "m2", "m3", "m4", "m5", "m6", "m7"]
 FLITE_VOICES = ["kal", "kal16", "awb", "rms", "slt"]
 FESTIVAL_VOICES = ["cmu_us_slt_arctic_hts", "kal_diphone", "ked_diphone"]
+# the Debian packages of each synthesizer (festival's voices are packages of their own)
+PACKAGES = {"espeak-ng": "espeak-ng", "flite": "flite",
+            "text2wave": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,11 +323,6 @@ def synthesize(text: str, voice: Voice, ssml: bool = False) -> np.ndarray:
         subprocess.run(command, input=stdin, check=True, capture_output=True)
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)
     return to_rate(data.mean(axis=1), rate, RATE)
-
-
-# the Debian packages of each synthesizer (festival's voices are packages of their own)
-PACKAGES = {"espeak-ng": "espeak-ng", "flite": "flite",
-            "text2wave": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"}
 
 
 def to_rate(samples: np.ndarray, rate: int, new_rate: int) -> np.ndarray:
