@@ -12,7 +12,16 @@ from engine.engine import Engine
 from engine.model import transcribe as transcribe_module
 from engine.model.timing import dtw
 from engine.model.transcribe import transcribe
-from engine.speech_map import LAG_MS, MIN_WORD_MS, ONSET_PAD_MS, RESUME_MS, SNAP_MS, SpeechMap
+from engine.speech_map import (
+    LAG_MS,
+    MIN_WORD_MS,
+    ONSET_PAD_MS,
+    RESUME_MS,
+    SHORT_WORD_MS,
+    SNAP_MS,
+    WORD_MS_PER_LETTER,
+    SpeechMap,
+)
 from engine.words import Word, aligned_words, window_words
 from scripts import corpus
 from scripts.evaluate import replay_clip
@@ -243,6 +252,33 @@ def test_a_word_after_punctuation_with_no_pause_starts_where_the_word_before_end
     end, far = Word(" apart.", 5000, 5200), Word(" Later", 5200 + LAG_MS + 100, 6000)
     speech.fit([end, far])
     assert far.start_ms == 5200 + LAG_MS + 100
+
+
+def test_a_word_moved_back_to_speech_is_moved_no_further_than_its_letters_allow():
+    """The alignment starts a sentence's first word late after a pause, so a first word in a
+    run of speech starts where the run does. Under other voices (babble) the VAD hears the
+    pause as speech, and a run may begin at a dip in them long before the word: " We",
+    aligned where it is said, was moved 0.7 s back into the pause. A start moved back to a
+    run with no pause before it, or over punctuation with none, goes no further than makes
+    the word as long as its letters allow (WORD_MS_PER_LETTER each, at least SHORT_WORD_MS),
+    and never after where it was aligned; a word of many letters, or one aligned late by
+    less, starts at the run (after a pause, it always does:
+    test_speech_map_starts_a_late_first_word_where_its_speech_starts)."""
+    speech = speech_map([(0, 4000), (4064, 9000)], 9000)  # a dip between two sentences
+    onset = 4064 - SpeechMap.PAD_MS
+    end, first = Word(" close.", 3420, 3860), Word(" We", 4740, 5020)
+    assert speech.fit([end, first]) == [end, first]
+    assert first.start_ms == 5020 - max(SHORT_WORD_MS, 2 * WORD_MS_PER_LETTER) and first.end_ms == 5020
+    lagged = Word(" We", 4300, 4500)
+    speech.fit([Word(" close.", 3420, 3860), lagged])
+    assert lagged.start_ms == onset
+    long_word = Word(" Nevertheless", 4740, 5300)  # 12 letters may take 1.8 s
+    speech.fit([Word(" close.", 3420, 3860), long_word])
+    assert long_word.start_ms == onset
+    run_on = speech_map([(0, 9000)], 9000)  # no pause: the full stop took the word's start
+    lag = Word(" We", 4400, 4700)
+    run_on.fit([Word(" close.", 3700, 4000), lag])
+    assert lag.start_ms == 4700 - SHORT_WORD_MS
 
 
 def test_a_word_read_across_a_pause_starts_where_its_speech_after_the_pause_does():
