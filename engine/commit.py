@@ -26,6 +26,11 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   words shown) and read again with the next utterance, in the next final of the same window,
   or alone once HOLD_SILENCE_MS pass with no speech. Whisper reads a voice better having
   heard more of it, after as well as before.
+- A live final whose reading stops inside a sentence (on an ellipsis, a comma, or a word no
+  sentence ends on: "across the.") is held the same way, sure or not, where its window has
+  room: a talker stopped to think mid-sentence, and the rest read alone as a new sentence
+  reads worse ("Coming in a mood to see no one hand across the." for "carrying our boots in
+  our hands across the").
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
   A decode Whisper's fallback rule fails counts for nothing: two decodes of one loop agree on
@@ -78,6 +83,9 @@ DOUBT_MIN_WORDS = 3  # ... when they are this many words or more
 # this much silence, when their window is no longer than HOLD_MAX_POSITIONS
 HOLD_SILENCE_MS = 1000
 HOLD_MAX_POSITIONS = 10 * POSITIONS_PER_SECOND
+# a live final whose reading stops inside a sentence waits for the next utterance when its
+# window has this much room left for it (`unfinished`)
+UNFINISHED_ROOM_POSITIONS = 10 * POSITIONS_PER_SECOND
 SHORT_READING = 0.75  # a reading with fewer letters than this share of the other's skipped speech
 REPEAT_MIN_WORDS = 4  # a span this long said twice back to back is a copy (`copied_words`)
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
@@ -201,6 +209,15 @@ def held(facts: WindowFacts, committed_end: int, new_logprob: float | None, num_
     asks only of a window no commit cut: after a cut the speech before it is near.)"""
     return (not facts.flushed and facts.end - facts.start <= HOLD_MAX_POSITIONS
             and not may_retry(facts, committed_end) and doubted(new_logprob, num_words))
+
+
+def unfinished(facts: WindowFacts, ends_open: bool) -> bool:
+    """Whether a live final's words wait for the next utterance, to be read with it, as
+    `held` ones do, however sure: its reading stops inside a sentence (its last word
+    `ends_open`: a talker's pause mid-sentence, where the rest read alone as a new sentence
+    reads worse), no flush ends the window, and the window has room for the next utterance."""
+    return (ends_open and not facts.flushed
+            and facts.end - facts.start <= MAX_WINDOW_POSITIONS - UNFINISHED_ROOM_POSITIONS)
 
 
 def copied_words(keys: list[str], num_new: int) -> int:

@@ -461,13 +461,13 @@ class Stream:
         # the final after a hold read the held words with the speech after them: no second reading
         doubt = not reread and not passed_over and may_retry and self.held is None and self._drops_context() \
             and (commit.doubted(sureness, len(new)) or copied > 0)
-        hold = live_final and self.fresh_window and self.held is None and commit.held(
+        unsure = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
-        if final and self.held is not None:  # (only a live final holds)
-            new = self._release(facts, new)
         redo = passed_over and may_retry
-        if reread:
-            new = self._surer(facts, new, sureness, copied)
+        new = self._reading(facts, new, reread, sureness, copied)
+        # a reading that stops inside a sentence waits for the rest of it (a hold's release too)
+        hold = unsure or (live_final and not (doubt or redo) and bool(new)
+                          and commit.unfinished(facts, new[-1].ends_open))
         if doubt:  # read again from the last final's end, the window kept for the finals after
             self.doubt = (facts.end, new, sureness, copied)
             request.reread_start = request.preview_start
@@ -610,6 +610,14 @@ class Stream:
         first words of a long utterance: a second reading would be the first again.)"""
         policy = self.policy
         return policy.num_reread(self._reread_ms()) < policy.num_window_committed
+
+    def _reading(self, facts: commit.WindowFacts, new: list[Word], reread: bool, sureness: float | None,
+                 copied: int) -> list[Word]:
+        """A final's new words -> those it commits or holds: with the held words it read again
+        (`_release`; only a live final holds), or the surer of a second reading's two (`_surer`)."""
+        if facts.final and self.held is not None:
+            new = self._release(facts, new)
+        return self._surer(facts, new, sureness, copied) if reread else new
 
     def _surer(self, facts: commit.WindowFacts, second: list[Word], sureness: float | None,
                copied: int) -> list[Word]:

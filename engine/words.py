@@ -25,6 +25,10 @@ MAX_MEDIAN_WORD_MS = 700
 SENTENCE_ENDS = (".", "!", "?")
 CLAUSE_ENDS = (",", ";", ":")
 CLOSERS = "\"')]}\u201d\u2019"  # a quote or bracket after the mark: `said."`, `(really?)`
+ELLIPSES = ("...", "\u2026")
+# words no English sentence ends on (articles, possessive determiners, coordinating
+# conjunctions, "of", "because"): a reading that stops on one stopped inside a sentence
+OPEN_WORDS = frozenset("a an the and but or nor of my your our their its because".split())
 
 
 @dataclass
@@ -71,6 +75,12 @@ class Word:
         """A full stop or a comma ends it: a pause may follow, or the next word's first 0.1-0.4 s
         in the alignment (`aligned_words`)."""
         return self._last_mark.endswith(SENTENCE_ENDS + CLAUSE_ENDS)
+
+    @property
+    def ends_open(self) -> bool:
+        """Its reading stops inside a sentence: on an ellipsis or a clause mark, or on a word
+        no sentence ends on (whatever mark the decoder put after it, "across the.")."""
+        return self._last_mark.endswith(ELLIPSES + CLAUSE_ENDS) or self.key in OPEN_WORDS
 
     @property
     def _last_mark(self) -> str:

@@ -811,6 +811,36 @@ def test_held_words_are_committed_when_no_utterance_follows(read_again):
     assert [w.text for w in out.committed] == [w.text for w in first] and not Scheduler.final_due(request)
 
 
+@pytest.mark.parametrize("said, held", [
+    ("carrying our boots across the", True), ("carrying our boots across the.", True),
+    ("carrying our boots and", True),
+    ("carrying our boots across...", True), ("carrying our boots,", True),
+    ("carrying our boots across it.", False), ("carrying our boots across", False)])
+def test_a_final_read_stopping_inside_a_sentence_waits_to_be_read_with_the_next_utterance(said, held):
+    """A talker who stops to think inside a sentence gets a live final at the pause, and the
+    rest read alone as a new sentence reads worse ("We started the climb before dawn.
+    Coming in a mood to see no one hand across the. Cold dream." for "... before dawn,
+    carrying our boots in our hands across the cold stream."). A final whose reading stops
+    where no sentence ends (on an ellipsis, a comma, or a word such as "the" or "and") is
+    shown, not committed, however sure, and read again with the next utterance; one that
+    ends on a full stop, or on a word a sentence may end on, is committed."""
+    stream = speech_stream([(0, 4_000), (5_000, 7_000), (8_000, 10_000)], seconds=11)
+    request = stream.request
+    request.num_decoded_positions = request.endpoints[0]
+    first = read("we started the climb before dawn", 400, 600, -0.1)  # to 4.0 s
+    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
+    request.num_decoded_positions = request.endpoints[0]
+    second = read(said, 5_000, 500, -0.1)
+    out = stream.apply(WindowResult("s", first + second, final=True))
+    assert [w.text for w in (out.tentative if held else out.committed)] == [w.text for w in second]
+    assert (stream.held is not None) == held
+    request.num_decoded_positions = request.endpoints[0]
+    rest = read("hands across the cold stream.", 8_000, 400, -0.1)
+    out = stream.apply(WindowResult("s", first + second + rest, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in (second if held else []) + rest]
+    assert stream.held is None and not Scheduler.final_due(request)
+
+
 def test_a_window_cut_at_the_committed_end_holds_none_of_the_committed_words():
     """The cut starts the window on an item, up to 80 ms before the committed end: the last
     committed word is not in the window (it stays in the prompt), and a decode that says it
@@ -956,7 +986,7 @@ def live_final(runs_ms: list[tuple[int, int]], end_ms: int, flushed: bool,
 
 @pytest.mark.parametrize("last, flushed, stop", [
     (" hill", False, [FULL_STOP]),  # ended at a pause with no mark: its prompts read one
-    (" hill.", False, []), (" hill,", False, []),  # the decoder's own mark
+    (" hill.", False, []), (" hill?", False, []),  # the decoder's own mark
     (" hill", True, [])])  # a flush ends it where the client asked, not at a pause
 def test_a_live_final_that_ends_at_a_pause_with_no_full_stop_is_read_with_one_in_later_prompts(
         last, flushed, stop):
