@@ -13,6 +13,7 @@ from engine.commit import (
     RETRY_SPEECH_MS,
     RETRY_UTTERANCE_MS,
     TRIM_AFTER_POSITIONS,
+    UNFINISHED_ROOM_POSITIONS,
     Action,
     Unread,
     WindowFacts,
@@ -20,6 +21,7 @@ from engine.commit import (
     copied_words,
     new_window_start,
     plan,
+    unfinished,
 )
 from engine.config import EngineConfig
 from engine.model_runner import WindowResult
@@ -839,6 +841,21 @@ def test_a_final_read_stopping_inside_a_sentence_waits_to_be_read_with_the_next_
     out = stream.apply(WindowResult("s", first + second + rest, final=True))
     assert [w.text for w in out.committed] == [w.text for w in (second if held else []) + rest]
     assert stream.held is None and not Scheduler.final_due(request)
+
+
+@pytest.mark.parametrize("text, flushed, length, held", [
+    (" the", False, 500, True), (" Of.", False, 500, True), (" ago...", False, 500, True),
+    (" said,\"", False, 500, True), (" fly.", False, 500, False), (" on", False, 500, False),
+    (" the", True, 500, False),  # a flush (Finalize, the end of the stream) commits now
+    (" the", False, MAX_WINDOW_POSITIONS - UNFINISHED_ROOM_POSITIONS, True),
+    (" the", False, MAX_WINDOW_POSITIONS - UNFINISHED_ROOM_POSITIONS + 4, False)])  # no room
+def test_a_reading_stopping_inside_a_sentence_is_held_where_the_window_has_room(text, flushed, length, held):
+    """Its last word ends on an ellipsis or a clause mark, or is one no sentence ends on,
+    whatever mark follows; a flush commits it, and so does a window with under 10 s of room
+    for the next utterance (a full window commits before that utterance's pause)."""
+    last = Word(text, 0, 300)
+    window = facts(100, 100 + length, final=True, flushed=flushed)
+    assert unfinished(window, last.ends_open) == held
 
 
 def test_a_window_cut_at_the_committed_end_holds_none_of_the_committed_words():
