@@ -843,6 +843,24 @@ def test_a_final_read_stopping_inside_a_sentence_waits_to_be_read_with_the_next_
     assert stream.held is None and not Scheduler.final_due(request)
 
 
+def test_a_final_after_a_hold_that_again_stops_inside_the_sentence_holds_again():
+    """A talker may stop twice in one sentence: the final that reads the held words with the
+    next utterance, stopping inside the sentence again, holds them all, and the final at the
+    sentence's end commits the whole sentence, read in one."""
+    stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000)], seconds=9)
+    request = stream.request
+    said = [read("carrying our boots in our", 400, 300, -0.1), read("hands across the", 3_000, 600, -0.1),
+            read("cold stream.", 6_000, 900, -0.1)]  # one utterance each
+    for i in range(len(said)):
+        reading = [w for words in said[: i + 1] for w in words]
+        request.num_decoded_positions = request.endpoints[0]
+        out = stream.apply(WindowResult("s", reading, final=True))
+        last = i == len(said) - 1
+        assert [w.text for w in (out.committed if last else out.tentative)] == [w.text for w in reading]
+        assert (stream.held is None) == last
+    assert not Scheduler.final_due(request)
+
+
 @pytest.mark.parametrize("text, flushed, length, held", [
     (" the", False, 500, True), (" Of.", False, 500, True), (" ago...", False, 500, True),
     (" said,\"", False, 500, True), (" fly.", False, 500, False), (" on", False, 500, False),
