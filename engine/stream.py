@@ -492,10 +492,21 @@ class Stream:
             self._cut(cut)
             self.fresh_window = False
         retry = final and (doubt or (retrying and cut is not None and cut < facts.next_start))
+        return self._output(result, facts, update, new if hold else None, final and not retry)
+
+    def _output(self, result: WindowResult, facts: commit.WindowFacts, update: PolicyUpdate,
+                held: list[Word] | None, final_done: bool) -> EngineOutput:
+        """What a decode leaves once its words are committed: a hot decode's text, its own
+        included, in no later prompt (as Whisper's rule: prompted with a "Thank you." sampled
+        over babble, the retries after it read "Thank you." again); the words it holds, or the
+        end of a final that is done (not a retry's: that final stays due); its output."""
+        request = self.request
+        if result.temperature > 0.5:
+            self.policy.reset_prompt()
         flushed_ms, done = None, False
-        if hold:
-            self._hold(facts.end, new)
-        elif final and not retry:  # (a retry's final stays due)
+        if held is not None:
+            self._hold(facts.end, held)
+        elif final_done:
             self._after_final(facts)
             if facts.flushed:
                 flushed_ms = self.padding.audio_ms(positions_to_ms(facts.end))
@@ -509,13 +520,10 @@ class Stream:
 
     def _decoded(self, result: WindowResult, start: int, end: int) -> None:
         """What every decode (from `start` to `end`) leaves: its tokens, the next decode's
-        draft; a final, no second reading pending; a hot decode, no prompt from the text so far
-        (as Whisper: text that needed it is no prompt)."""
+        draft; a final, no second reading pending."""
         self.drafts[start] = (end, result.tokens)
         if result.final:
             self.request.reread_start = None
-        if result.temperature > 0.5:
-            self.policy.reset_prompt()
 
     def _facts(self, result: WindowResult) -> commit.WindowFacts:
         """What the commit rules need of the window a result decoded (the scheduler noted its

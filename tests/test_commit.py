@@ -1071,6 +1071,23 @@ def test_a_greedy_final_reads_the_windows_committed_words_for_later_prompts(temp
     assert [w.key for w in stream.policy.committed[:6]] == [w.key for w in first]
 
 
+@pytest.mark.parametrize("temperature, prompted", [(0.0, True), (0.6, False), (1.0, False)])
+def test_a_hot_finals_words_are_in_no_later_prompt(temperature, prompted):
+    """A decode that every low temperature failed (under babble: "Thank you." for 10 s of
+    speech, sampled at 1.0) is no prompt, as Whisper's rule has it: its own words included.
+    Prompted with them, the retries from its committed end read "Thank you." again and again
+    over the talker's first sentences. The words before it are no prompt either."""
+    stream, first = first_utterance_committed()
+    request = stream.request
+    request.num_decoded_positions = ms_to_positions(9_400)
+    request.endpoints.append(ms_to_positions(9_400))
+    said = read("thank you", 5_000, 600, -0.3)
+    out = stream.apply(WindowResult("s", first + said, final=True, temperature=temperature))
+    assert [w.key for w in out.committed] == ["thank", "you"]
+    later = stream.policy.prompt_tokens(100, 9_400)
+    assert later == ([0] * 8 if prompted else [])
+
+
 def test_partials_that_skip_speech_after_committed_words_near_the_windows_start_agree_on_none_past_it():
     """A window cut at "We ate", committed by agreement, to read its sentence again: two
     partials read it and the 8 s after it, "cold sandwiches on the floor...", as the one word
