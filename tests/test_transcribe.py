@@ -205,10 +205,20 @@ def test_a_decode_that_copies_the_prompts_last_sentence_is_done_again_without_it
             return decode(model_, tokenizer_, features["0870"], DecodingOptions(), suppress)
         return decode(model_, tokenizer_, features_, options, suppress, cross)
 
-    monkeypatch.setattr(transcribe_module, "decode", copying)
+    monkeypatch.setattr(transcribe_module, "decode_batch", per_row(copying))
     result = transcribe_module.decode_with_fallback(b, features["0880"], prompt, 3.0)
     assert prompts == [prompt, []]
     assert result.tokens == said["0880"]
+
+
+def per_row(decode_one):
+    """A `decode_batch` that decodes each row alone with `decode_one` (model, tokenizer,
+    features, options, suppress, cross), as a stand-in decoder reads it."""
+    def batch(model, tokenizer, features, options, suppress, stop=None, cross=None):
+        return [decode_one(model, tokenizer, features[i : i + 1], o, suppress,
+                           [(k[i : i + 1], v[i : i + 1]) for k, v in cross] if cross else None)
+                for i, o in enumerate(options)]
+    return batch
 
 
 def tokenizer_words(tokenizer, tokens: list[int], n: int) -> list[int]:
@@ -245,7 +255,7 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is
         tried.append(result)
         return result
 
-    monkeypatch.setattr(transcribe_module, "decode", unsure)
+    monkeypatch.setattr(transcribe_module, "decode_batch", per_row(unsure))
     result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
     assert [r.temperature for r in tried] == list(transcribe_module.TEMPERATURES)
     assert all(r.needs_fallback for r in tried)
@@ -261,11 +271,47 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is
                                                     earlier=earlier)
     assert result.tokens == earlier.tokens and result.avg_logprob == -1.02
 
-    monkeypatch.setattr(transcribe_module, "decode", lambda *a, **k: dataclasses.replace(
-        unsure(*a, **k), stop="budget"))
+    monkeypatch.setattr(transcribe_module, "decode_batch", per_row(lambda *a, **k: dataclasses.replace(
+        unsure(*a, **k), stop="budget")))
     tried.clear()
     result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
     assert result.avg_logprob == max(r.avg_logprob for r in tried)  # all loop: the likeliest
+
+
+def test_the_hotter_temperatures_are_decoded_in_one_batch_as_each_reads_alone(monkeypatch):
+    """After greedy and 0.2 fail, the four hotter temperatures are one batch: each row
+    reads as that temperature's decode alone (its own sampling, its own prompt: none over
+    0.5), the first that passes is kept, and a window that fails them all costs three
+    decoder batches, not six decodes in a row."""
+    import dataclasses
+
+    from engine.model import transcribe as transcribe_module
+    from engine.model.decoding import DecodingOptions, decode, decode_batch
+    from tests.test_model import window_mel
+
+    b = bundle()
+    before, features = (b.model.encoder(window_mel(c).to(b.model.device, b.model.dtype))
+                        for c in ("0870", "0880"))
+    cross = b.model.decoder.cross_kv(features)
+    prompt = decode(b.model, b.tokenizer, before, DecodingOptions(), b.suppress).tokens
+    hot = transcribe_module.TEMPERATURES[1:]
+    ladder, _ = transcribe_module._decode_ladder(b, features, cross, prompt, hot, 3.0, True)
+    alone = [decode(b.model, b.tokenizer, features,
+                    DecodingOptions(prompt=prompt if t <= 0.5 else [], temperature=t, audio_seconds=3.0,
+                                    speech_heard=True), b.suppress, cross) for t in hot]
+    assert [r.tokens for r in ladder] == [r.tokens for r in alone]
+    assert len({tuple(r.tokens) for r in ladder}) > 1  # the rows sampled apart
+
+    batches = []
+
+    def failing(model, tokenizer, features_, options, suppress, stop=None, cross=None):
+        batches.append([o.temperature for o in options])
+        return [dataclasses.replace(r, avg_logprob=-2.0)
+                for r in decode_batch(model, tokenizer, features_, options, suppress, stop, cross)]
+
+    monkeypatch.setattr(transcribe_module, "decode_batch", failing)
+    result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
+    assert batches == [[0.0], [hot[0]], list(hot[1:])] and result.temperature == hot[-1]
 
 
 def whole_window_edited(monkeypatch, clips: tuple[str, ...], edit) -> tuple[np.ndarray, str]:
