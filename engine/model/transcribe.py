@@ -110,9 +110,10 @@ def _decode_ladder(bundle: ModelBundle, features: torch.Tensor,
                    speech_heard: bool) -> tuple[list[DecodingResult], list[int]]:
     """One window (1, n_audio_ctx, n_state) decoded at each of `temperatures` as one batch
     -> (the decodes in temperature order, the prompt for hotter ones). The prompt is given
-    up to 0.5, as Whisper gives it; from a decode that copies it (before one that passes),
-    the decodes are done again without it, and later ones have none. Each sampled row draws
-    from its own seeded generator: the batch reads each temperature as it reads alone."""
+    up to 0.5, as Whisper gives it; from a decode that copies it, the decodes are done again
+    without it (the ladders of `decode_with_fallback` give it to their first row only), and
+    later ones have none. Each sampled row draws from its own seeded generator: the batch
+    reads each temperature as it reads alone."""
     def rows(given: list[int], ladder: tuple[float, ...]) -> list[DecodingOptions]:
         return [DecodingOptions(prompt=given if t <= 0.5 else [], temperature=t, audio_seconds=audio_seconds,
                                 speech_heard=speech_heard) for t in ladder]
@@ -125,15 +126,14 @@ def _decode_ladder(bundle: ModelBundle, features: torch.Tensor,
 
     options = rows(prompt, temperatures)
     results = run(options)
-    for i, (option, result) in enumerate(zip(options, results, strict=True)):
-        if option.prompt and copies_prompt(bundle.tokenizer, result.tokens, option.prompt):
-            redo = [j for j in range(i, len(options)) if options[j].prompt]
-            for j, again in zip(redo, run(rows([], tuple(temperatures[j] for j in redo))), strict=True):
-                results[j] = again
-            return results, []
-        if result.is_silence or not result.needs_fallback:
-            break
-    return results, prompt
+    copied = next((i for i, (o, r) in enumerate(zip(options, results, strict=True))
+                   if o.prompt and copies_prompt(bundle.tokenizer, r.tokens, o.prompt)), None)
+    if copied is None:
+        return results, prompt
+    redo = [j for j in range(copied, len(options)) if options[j].prompt]
+    for j, again in zip(redo, run(rows([], tuple(temperatures[j] for j in redo))), strict=True):
+        results[j] = again
+    return results, []
 
 
 def _add_words(bundle: ModelBundle, segments: list[Segment],
