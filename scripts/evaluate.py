@@ -108,6 +108,7 @@ class Result:
     words: dict[str, Words] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # system -> compute (wall) seconds
     latencies: list[float] = field(default_factory=list)
+    sentence_latencies: list[float] = field(default_factory=list)  # `sentence_latencies`
     first_partial_s: float | None = None
     errors: list[str] = field(default_factory=list)  # server Error codes
 
@@ -158,6 +159,7 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
     # latency from the known end of the sentence a final ends in, not from its last word's end
     ends_ms = sorted(round(s["end"] * 1000) for s in result.clip.manifest["sentences"])
     words: Words = []
+    arrived: list[float] = []  # when each of `words` came
     query = f"?sample_rate={rate}&encoding=linear16"
     async with await admitted(with_client_query(base_url + query)) as ws:
         start = time.monotonic()
@@ -174,6 +176,7 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
                     result.first_partial_s = now - start
                 if m["is_final"] and got:
                     words.extend((a / 1000, b / 1000, w) for a, b, w in got)
+                    arrived.extend([now] * len(got))
                     i = bisect.bisect_left(sent_ms, utterance_end_ms(ends_ms, result_end_ms(m)))
                     if i < len(sent_at):
                         result.latencies.append(now - sent_at[i])
@@ -188,6 +191,24 @@ async def stream_clip(base_url: str, result: Result, fast: bool, chunk_ms: int =
         await ws.send(json.dumps({"type": "CloseStream"}))
         await reader
     result.add("stream", words, time.monotonic() - start)
+    result.sentence_latencies = sentence_latencies(result.clip.manifest["sentences"], words, arrived,
+                                                   sent_ms, sent_at)
+
+
+def sentence_latencies(sentences: list[dict], words: Words, arrived: list[float], sent_ms: list[int],
+                       sent_at: list[float]) -> list[float]:
+    """Per sentence, when the last of its final words came (a final word's middle within it),
+    from when the audio up to its end was sent. A final held for the next utterance counts
+    here from the end of each sentence it holds; `latencies` count a final from the end of
+    the sentence its last word is in."""
+    out = []
+    for s in sentences:
+        came = [t for (a, b, _), t in zip(words, arrived, strict=True)
+                if s["onset"] - 0.1 <= (a + b) / 2 <= s["end"] + 0.3]
+        i = bisect.bisect_left(sent_ms, round(s["end"] * 1000))
+        if came and i < len(sent_at):
+            out.append(max(came) - sent_at[i])
+    return out
 
 
 async def stream_all(results: list[Result], parallel: int, fast: bool, config: EngineConfig,
@@ -370,15 +391,18 @@ def timing_table(results: list[Result], systems: list[str]) -> str:
     batch = [s for s in systems if s != "stream"]
     header = ["condition", *(f"onset error p50 / p95 s {s}" for s in systems)]
     if "stream" in systems:
-        header += ["final p50 / p95 s", "1st partial s (median)"]
+        header += ["final p50 / p95 s", "sentence final p50 / p95 s", "1st partial s (median)"]
     header += [f"RTF {' / '.join(batch)}"] if batch else []
     rows = []
     for name, group in groups(results):
         row = [name, *(per_system(group, [s], onsets) for s in systems)]
         if "stream" in systems:
             latencies = [x for r in group for x in r.latencies]
+            sentences = [x for r in group for x in r.sentence_latencies]
             firsts = [r.first_partial_s for r in group if r.first_partial_s is not None]
             row += [f"{percentile(latencies, 0.5):.2f} / {percentile(latencies, 0.95):.2f}",
+                    f"{percentile(sentences, 0.5):.2f} / {percentile(sentences, 0.95):.2f}"
+                    if sentences else "-",
                     f"{statistics.median(firsts):.2f}" if firsts else "-"]
         audio = sum(r.clip.seconds for r in group)
         row += [" / ".join(f"{sum(r.seconds[s] for r in group) / audio:.3f}" for s in batch)] if batch else []
@@ -422,7 +446,8 @@ def to_json(results: list[Result]) -> list[dict]:
     return [{"clip": r.clip.name, "condition": r.clip.condition, "audio_s": r.clip.seconds,
              "scores": {s: vars(x) for s, x in r.scores.items()}, "seconds": r.seconds,
              "texts": {s: " ".join(w for _, _, w in words) for s, words in r.words.items()},
-             "words": r.words, "latencies": r.latencies, "first_partial_s": r.first_partial_s}
+             "words": r.words, "latencies": r.latencies, "sentence_latencies": r.sentence_latencies,
+             "first_partial_s": r.first_partial_s}
             for r in results]
 
 
@@ -453,6 +478,7 @@ def rescore(runs: list[str], results: list[Result]) -> list[str]:
                 r.add(system, [tuple(w) for w in entry["words"][system]], entry["seconds"][system])
             if "stream" in wanted:
                 r.latencies, r.first_partial_s = entry["latencies"], entry["first_partial_s"]
+                r.sentence_latencies = entry.get("sentence_latencies", [])  # (runs before it had none)
     return [s for s in SYSTEMS if s in systems]
 
 

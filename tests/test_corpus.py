@@ -358,3 +358,16 @@ def test_runs_saved_apart_are_scored_as_one_table_and_a_system_twice_is_refused(
     assert "replay - offline, points" in table and "| 33.3% | 0.0% | +33.3" in table
     with pytest.raises(ValueError, match="no stream"):
         rescore([f"{both}:stream"], unscored())
+
+
+def test_a_sentence_is_final_when_the_last_of_its_words_comes():
+    """evaluate.py's sentence latency: from when the audio to a sentence's end was sent to
+    when the last of its words came in a final, a word held for a later final included."""
+    from scripts.evaluate import sentence_latencies
+    sentences = [{"onset": 0.0, "end": 2.0}, {"onset": 3.0, "end": 5.0}, {"onset": 6.0, "end": 7.0}]
+    words = [(0.2, 0.6, "We"), (1.5, 1.9, "started."), (3.2, 3.6, "Before"), (4.5, 4.9, "dawn.")]
+    arrived = [10.0, 12.0, 12.0, 13.5]  # "started." held, and committed with "Before"
+    sent_ms = [1000, 2000, 3000, 4000, 5000, 6000, 7000]
+    sent_at = [8.0 + i for i in range(len(sent_ms))]  # 2000 ms sent at 9.0, 5000 ms at 12.0
+    # (no word was read in the third)
+    assert sentence_latencies(sentences, words, arrived, sent_ms, sent_at) == [3.0, 1.5]
