@@ -61,10 +61,12 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from engine.timeline import MAX_WINDOW_POSITIONS, POSITIONS_PER_SECOND
+from engine.words import Word
 
 TRIM_AFTER_POSITIONS = 15 * POSITIONS_PER_SECOND  # 750: a window over 15 s is cut at its commit
 # a final with this much VAD speech past its committed words and this much committed audio in
@@ -86,6 +88,10 @@ HOLD_MAX_POSITIONS = 10 * POSITIONS_PER_SECOND
 # a live final whose reading stops inside a sentence waits for the next utterance when its
 # window has this much room left for it (`unfinished`)
 UNFINISHED_ROOM_POSITIONS = 10 * POSITIONS_PER_SECOND
+# ... and so does every live final of a talker who pauses inside sentences: the finals after
+# this many of their last PAUSE_HABIT_PAUSES pauses read on across them (`PauseHabit`)
+PAUSE_HABIT_PAUSES = 8
+PAUSE_HABIT_MIN = 2
 SHORT_READING = 0.75  # a reading with fewer letters than this share of the other's skipped speech
 REPEAT_MIN_WORDS = 4  # a span this long said twice back to back is a copy (`copied_words`)
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
@@ -218,6 +224,39 @@ def unfinished(facts: WindowFacts, ends_open: bool) -> bool:
     reads worse), no flush ends the window, and the window has room for the next utterance."""
     return (ends_open and not facts.flushed
             and facts.end - facts.start <= MAX_WINDOW_POSITIONS - UNFINISHED_ROOM_POSITIONS)
+
+
+def reads_on(before: Word | None, after: Word, given: bool) -> bool:
+    """Whether a final reads on as one sentence across the pause a final before it ended at:
+    the first word after the pause (`after`) begins in lower case, or the word before it
+    (`before`, as this final read it again; None: not found) ends no sentence, unless its
+    text was taken as given (`given`: a kept sentence's, with the mark the final before
+    read). Whisper, hearing the speech after a pause, reads a sentence's end or its going on
+    where the final at the pause, without it, could not."""
+    letter = next((c for c in after.text if c.isalpha()), "")
+    if letter.islower():
+        return True
+    return before is not None and not given and not before.ends_sentence
+
+
+class PauseHabit:
+    """Whether the talker pauses inside sentences, from how the finals after their pauses
+    read them (`reads_on`): some talkers stop to think mid-sentence as long as between
+    sentences, and a final at such a pause, read without the rest, reads worse ("Scientists
+    leave it many years." for "Scientists needed many years ..."). Two of the last eight
+    pauses read on (one may be a misread capital) make every live final wait for the next
+    utterance (`unfinished`): whole sentences, for the latency of one utterance; a talker
+    whose pauses end sentences keeps finals at the pause."""
+
+    def __init__(self) -> None:
+        self.read_on: deque[bool] = deque(maxlen=PAUSE_HABIT_PAUSES)
+
+    def observe(self, read_on: bool) -> None:
+        self.read_on.append(read_on)
+
+    @property
+    def inside_sentences(self) -> bool:
+        return sum(self.read_on) >= PAUSE_HABIT_MIN
 
 
 def copied_words(keys: list[str], num_new: int) -> int:

@@ -55,6 +55,10 @@ from engine.words import Word, mean_logprob, shift_timestamps, timed_prompt
 # speech within this of the committed words' end is taken for their tail (a last word's
 # aligned end may fall short of its sound)
 SPEECH_TAIL_MS = 500
+# a word read again lies this close to where a decode before read it, and the word after it
+# starts no more than ALIGN_SLACK_MS before its end there
+REREAD_SLACK_MS = 600
+ALIGN_SLACK_MS = 100
 
 
 @dataclass
@@ -164,6 +168,10 @@ class Stream:
         # (the end, the words) of a live final read unsure with no context before it, whose
         # words wait uncommitted for the next final of the window (commit.held)
         self.held: tuple[int, list[Word]] | None = None
+        # the last word of the last live final, committed or held: the next final reads the
+        # pause after it, on or to a sentence's end (`commit.PauseHabit`)
+        self.pause_word: Word | None = None
+        self.habit = commit.PauseHabit()
         # the window starts where the session does or after a long silence (`skip_silence`),
         # not where a commit cut it: no speech comes before it
         self.fresh_window = True
@@ -433,6 +441,7 @@ class Stream:
         facts = self._facts(result)
         # a second reading (`self.doubt`) decoded from the last final's end, not the window's start
         reread = result.final and self.doubt is not None
+        given = self.forced(facts.start, result.preview) > 0
         self._decoded(result, request.preview_start if reread else facts.start, facts.end)
         interval = ms_to_positions(self.config.decode_interval_ms)
         plan = commit.plan(facts, interval, self.config.agree_after)
@@ -464,10 +473,15 @@ class Stream:
         unsure = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
         redo = passed_over and may_retry
+        if live_final and not (reread or passed_over):
+            self._read_pause(words, given)
+        # no speech came after the held words' pause: this final is theirs (`_track_speech`)
+        last_word = self.held is not None and request.last_speech_end <= self.held[0]
         new = self._reading(facts, new, reread, sureness, copied)
-        # a reading that stops inside a sentence waits for the rest of it (a hold's release too)
-        hold = unsure or (live_final and not (doubt or redo) and bool(new)
-                          and commit.unfinished(facts, new[-1].ends_open))
+        # a reading that stops inside a sentence waits for the rest of it (a hold's release too),
+        # as every reading of a talker who pauses inside sentences does
+        hold = unsure or (live_final and not (doubt or redo or last_word) and bool(new) and commit.unfinished(
+            facts, new[-1].ends_open or self.habit.inside_sentences))
         if doubt:  # read again from the last final's end, the window kept for the finals after
             self.doubt = (facts.end, new, sureness, copied)
             request.reread_start = request.preview_start
@@ -492,6 +506,8 @@ class Stream:
             self._cut(cut)
             self.fresh_window = False
         retry = final and (doubt or (retrying and cut is not None and cut < facts.next_start))
+        if live_final and (hold or update.committed):
+            self.pause_word = (new if hold else update.committed)[-1]
         return self._output(result, facts, update, new if hold else None, final and not retry)
 
     def _output(self, result: WindowResult, facts: commit.WindowFacts, update: PolicyUpdate,
@@ -618,6 +634,23 @@ class Stream:
         first words of a long utterance: a second reading would be the first again.)"""
         policy = self.policy
         return policy.num_reread(self._reread_ms()) < policy.num_window_committed
+
+    def _read_pause(self, words: list[Word], given: bool) -> None:
+        """A live final's decode, `words`, reads the last final's pause (`pause_word`'s end)
+        on or to a sentence's end, where words follow it: the talker's habit. `given`: the
+        window's kept sentence was taken as given."""
+        word = self.pause_word
+        if word is None:
+            return
+        after = next((i for i, w in enumerate(words) if w.start_ms >= word.end_ms - ALIGN_SLACK_MS), None)
+        if after is None:
+            return
+        self.pause_word = None
+        if words[after].start_ms - word.end_ms >= LONG_SILENCE_MS:  # a talker who stopped
+            return
+        before = next((w for w in reversed(words[:after]) if w.key == word.key
+                       and abs(w.end_ms - word.end_ms) < REREAD_SLACK_MS), None)
+        self.habit.observe(commit.reads_on(before, words[after], given))
 
     def _reading(self, facts: commit.WindowFacts, new: list[Word], reread: bool, sureness: float | None,
                  copied: int) -> list[Word]:

@@ -15,12 +15,14 @@ from engine.commit import (
     TRIM_AFTER_POSITIONS,
     UNFINISHED_ROOM_POSITIONS,
     Action,
+    PauseHabit,
     Unread,
     WindowFacts,
     commits_whole,
     copied_words,
     new_window_start,
     plan,
+    reads_on,
     unfinished,
 )
 from engine.config import EngineConfig
@@ -829,10 +831,10 @@ def test_a_final_read_stopping_inside_a_sentence_waits_to_be_read_with_the_next_
     stream = speech_stream([(0, 4_000), (5_000, 7_000), (8_000, 10_000)], seconds=11)
     request = stream.request
     request.num_decoded_positions = request.endpoints[0]
-    first = read("we started the climb before dawn", 400, 600, -0.1)  # to 4.0 s
+    first = read("We started the climb before dawn.", 400, 600, -0.1)  # to 4.0 s
     assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
     request.num_decoded_positions = request.endpoints[0]
-    second = read(said, 5_000, 500, -0.1)
+    second = read(said.capitalize(), 5_000, 500, -0.1)  # (read as a sentence of its own)
     out = stream.apply(WindowResult("s", first + second, final=True))
     assert [w.text for w in (out.tentative if held else out.committed)] == [w.text for w in second]
     assert (stream.held is not None) == held
@@ -855,9 +857,13 @@ def test_a_final_after_a_hold_that_again_stops_inside_the_sentence_holds_again()
         reading = [w for words in said[: i + 1] for w in words]
         request.num_decoded_positions = request.endpoints[0]
         out = stream.apply(WindowResult("s", reading, final=True))
-        last = i == len(said) - 1
-        assert [w.text for w in (out.committed if last else out.tentative)] == [w.text for w in reading]
-        assert (stream.held is None) == last
+        assert [w.text for w in out.tentative] == [w.text for w in reading] and stream.held is not None
+    # (the finals read on across both pauses: this talker's next finals wait too; this one
+    # until HOLD_SILENCE_MS of silence)
+    hear_silence(stream, 1_200)
+    request.num_decoded_positions = Scheduler()._window(request, partial=False).window_end
+    out = stream.apply(WindowResult("s", reading, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in reading] and stream.held is None
     assert not Scheduler.final_due(request)
 
 
@@ -1107,3 +1113,71 @@ def test_partials_that_skip_speech_after_committed_words_near_the_windows_start_
         request.num_decoded_positions = ms_to_positions(end_ms)
         out = stream.apply(WindowResult("s", read, final=False))
     assert [w.text for w in stream.policy.committed] == [w.text for w in read]
+
+
+@pytest.mark.parametrize("before, after, given, read_on", [
+    (" climb", " before", False, True), (" climb.", " before", False, True),
+    (" climb", " Before", False, True),  # read again with no sentence end before the pause
+    (" climb.", " Before", False, False), (" climb!", " I", False, False),
+    (" climb.", " 20", False, False), (" climb", " Before", True, False),
+    (None, " before", False, True), (None, " Before", False, False)])
+def test_a_final_reads_on_across_the_pause_before_it(before, after, given, read_on):
+    """The final after a pause reads the word before it again, with the speech after it: no
+    sentence end there, or the word after in lower case, is a sentence the talker went on
+    with. Text taken as given (a kept sentence) has its mark from the final before."""
+    word = None if before is None else Word(before, 1_000, 1_300)
+    assert reads_on(word, Word(after, 2_000, 2_300), given) == read_on
+
+
+def test_a_talker_pauses_inside_sentences_when_two_of_the_last_eight_pauses_are_read_on():
+    habit = PauseHabit()
+    habit.observe(True)
+    assert not habit.inside_sentences  # one may be a misreading ("and" for "And")
+    habit.observe(True)
+    assert habit.inside_sentences
+    for _ in range(6):
+        habit.observe(False)
+    assert habit.inside_sentences
+    habit.observe(False)
+    assert not habit.inside_sentences
+
+
+def test_a_talker_seen_pausing_inside_sentences_has_each_final_read_with_the_next_utterance():
+    """The finals after a talker's pauses read on across two of them as one sentence: from
+    then on each live final waits, however it ends, to be read again with the next utterance
+    (or alone after HOLD_SILENCE_MS of silence), as one that stops on "the" does."""
+    stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000), (9_000, 11_000)], seconds=12)
+    request = stream.request
+    said = ["We started the climb", "before dawn", "carrying our boots", "in our hands"]
+    starts = [400, 3_000, 6_000, 9_000]
+
+    def reading(n: int) -> list[Word]:  # the first n utterances, each ended by a full stop if last
+        texts = [t + ("." if i == n - 1 else "") for i, t in enumerate(said[:n])]
+        return [w for t, s in zip(texts, starts, strict=False) for w in read(t, s, 400, -0.1)]
+
+    committed = []
+    for n in range(1, 5):
+        request.num_decoded_positions = request.endpoints[0]
+        out = stream.apply(WindowResult("s", reading(n), final=True))
+        committed += [w.text for w in out.committed]
+        assert stream.held is None if n < 3 else stream.held is not None
+    assert committed == [w.text for w in reading(1) + reading(2)[4:]]  # the third and fourth wait
+    assert [w.text for w in out.tentative] == [w.text for w in reading(4)][len(committed):]
+    hear_silence(stream, 1_200)
+    assert Scheduler.final_due(request)
+    request.num_decoded_positions = Scheduler()._window(request, partial=False).window_end
+    out = stream.apply(WindowResult("s", reading(4), final=True))
+    assert [w.text for w in out.committed] == [w.text for w in reading(4)][len(committed):]
+    assert stream.held is None
+
+
+def test_a_talker_whose_pauses_end_sentences_has_each_final_committed_at_once():
+    stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000)], seconds=10)
+    request = stream.request
+    said = [("We started the climb.", 400), ("Before dawn it rained.", 3_000), ("Then it snowed.", 6_000)]
+    for n in range(1, 4):
+        request.num_decoded_positions = request.endpoints[0]
+        reading = [w for t, s in said[:n] for w in read(t, s, 400, -0.1)]
+        out = stream.apply(WindowResult("s", reading, final=True))
+        assert [w.text for w in out.committed] == [w.text for w in read(*said[n - 1], 400, -0.1)]
+        assert stream.held is None
