@@ -473,10 +473,11 @@ class Stream:
         unsure = live_final and self.fresh_window and self.held is None and commit.held(
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
         redo = passed_over and may_retry
-        if live_final and not (reread or passed_over):
-            self._read_pause(words, given)
+        # where the speech after the last final's pause starts, if this final reads it ended a sentence
+        ended = self._read_pause(words, given) if live_final and not (reread or passed_over) else None
         # no speech came after the held words' pause: this final is theirs (`_track_speech`)
         last_word = self.held is not None and request.last_speech_end <= self.held[0]
+        ended = ended if self.held is not None else None
         new = self._reading(facts, new, reread, sureness, copied)
         # a reading that stops inside a sentence waits for the rest of it (a hold's release too),
         # as every reading of a talker who pauses inside sentences does
@@ -487,7 +488,11 @@ class Stream:
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         elif hold:  # read again with the next utterance, from the window's start
-            update = PolicyUpdate([], new)
+            # (the held words before a pause read as a sentence's end are done)
+            done = 0 if ended is None else sum(w.start_ms < ended for w in new)
+            update = PolicyUpdate(self._commit(plan, new[:done], new=True, timed=result.timed).committed
+                                  if done else [], new[done:])
+            new = new[done:]
         else:
             # a live final commits its new words, found once (`new_words`)
             update = PolicyUpdate([], []) if redo else self._commit(
@@ -635,22 +640,25 @@ class Stream:
         policy = self.policy
         return policy.num_reread(self._reread_ms()) < policy.num_window_committed
 
-    def _read_pause(self, words: list[Word], given: bool) -> None:
+    def _read_pause(self, words: list[Word], given: bool) -> int | None:
         """A live final's decode, `words`, reads the last final's pause (`pause_word`'s end)
         on or to a sentence's end, where words follow it: the talker's habit. `given`: the
-        window's kept sentence was taken as given."""
+        window's kept sentence was taken as given. -> where the words after the pause start
+        (ms), if read after a sentence's end; else None."""
         word = self.pause_word
         if word is None:
-            return
+            return None
         after = next((i for i, w in enumerate(words) if w.start_ms >= word.end_ms - ALIGN_SLACK_MS), None)
         if after is None:
-            return
+            return None
         self.pause_word = None
         if words[after].start_ms - word.end_ms >= LONG_SILENCE_MS:  # a talker who stopped
-            return
+            return None
         before = next((w for w in reversed(words[:after]) if w.key == word.key
                        and abs(w.end_ms - word.end_ms) < REREAD_SLACK_MS), None)
-        self.habit.observe(commit.reads_on(before, words[after], given))
+        read_on = commit.reads_on(before, words[after], given)
+        self.habit.observe(read_on)
+        return None if read_on else words[after].start_ms
 
     def _reading(self, facts: commit.WindowFacts, new: list[Word], reread: bool, sureness: float | None,
                  copied: int) -> list[Word]:

@@ -1181,3 +1181,24 @@ def test_a_talker_whose_pauses_end_sentences_has_each_final_committed_at_once():
         out = stream.apply(WindowResult("s", reading, final=True))
         assert [w.text for w in out.committed] == [w.text for w in read(*said[n - 1], 400, -0.1)]
         assert stream.held is None
+
+
+def test_held_words_read_to_a_sentence_end_at_their_pause_are_committed_and_the_rest_waits():
+    """The final after a held one reads its pause as a sentence's end (a full stop, and a
+    capital after it): the held words are done and committed; the new utterance, of a
+    talker who pauses inside sentences, waits for the next one."""
+    stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000), (9_000, 11_000)], seconds=12)
+    request = stream.request
+    utterances = [read("We started the climb", 400, 400, -0.1), read("before dawn", 3_000, 400, -0.1),
+                  read("carrying our boots", 6_000, 400, -0.1), read("Then we rested.", 9_000, 400, -0.1)]
+    ended = [read("We started the climb.", 400, 400, -0.1), read("before dawn.", 3_000, 400, -0.1),
+             read("carrying our boots.", 6_000, 400, -0.1)]
+    for n in range(3):  # the finals after the first two pauses read on: the third is held
+        request.num_decoded_positions = request.endpoints[0]
+        stream.apply(WindowResult("s", [w for u in utterances[:n] for w in u] + ended[n], final=True))
+    assert stream.held is not None
+    request.num_decoded_positions = request.endpoints[0]
+    out = stream.apply(WindowResult("s", [w for u in utterances[:2] for w in u] + ended[2] + utterances[3],
+                                    final=True))
+    assert [w.text for w in out.committed] == [" carrying", " our", " boots."]
+    assert [w.text for w in out.tentative] == [" Then", " we", " rested."] and stream.held is not None
