@@ -25,7 +25,9 @@ passage (the longest run of reference words that the alignment deletes, in secon
 timed from the known sentence onsets and ends; in brackets the longest run not found, misheard
 words included), words placed inside gaps of 5 s or more (0.2 s cut off each gap edge),
 sentence-onset error p50/p95 (|hypothesis start of a sentence's matched first word - its known
-onset|); and for streaming the latencies.
+onset|); and for streaming the latencies: of each final (from the end of the sentence its last
+word is in), and of each sentence (when the last of its words came in a final, from its end: a
+final held for the next utterance shows here).
 
     scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
         [--conditions level-30 ...] [--skip stream file offline fw-int8] [--replay] \\
