@@ -477,19 +477,19 @@ class Stream:
         ended = self._read_pause(words, given) if live_final and not (reread or passed_over) else None
         # no speech came after the held words' pause: this final is theirs (`_track_speech`)
         last_word = self.held is not None and request.last_speech_end <= self.held[0]
-        ended = ended if self.held is not None else None
+        ended = ended if self.held is not None else None  # (only held words wait to be done)
         new = self._reading(facts, new, reread, sureness, copied)
+        # the held words before a pause read as a sentence's end are done
+        done = 0 if ended is None or last_word else sum(w.start_ms < ended for w in new)
         # a reading that stops inside a sentence waits for the rest of it (a hold's release too),
         # as every reading of a talker who pauses inside sentences does
-        hold = unsure or (live_final and not (doubt or redo or last_word) and bool(new) and commit.unfinished(
-            facts, new[-1].ends_open or self.habit.inside_sentences))
+        hold = unsure or (live_final and not (doubt or redo or last_word) and done < len(new)
+                          and commit.unfinished(facts, new[-1].ends_open or self.habit.inside_sentences))
         if doubt:  # read again from the last final's end, the window kept for the finals after
             self.doubt = (facts.end, new, sureness, copied)
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         elif hold:  # read again with the next utterance, from the window's start
-            # (the held words before a pause read as a sentence's end are done)
-            done = 0 if ended is None else sum(w.start_ms < ended for w in new)
             update = PolicyUpdate(self._commit(plan, new[:done], new=True, timed=result.timed).committed
                                   if done else [], new[done:])
             new = new[done:]
