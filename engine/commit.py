@@ -30,7 +30,10 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   sentence ends on: "across the.") is held the same way, sure or not, where its window has
   room: a talker stopped to think mid-sentence, and the rest read alone as a new sentence
   reads worse ("Coming in a mood to see no one hand across the." for "carrying our boots in
-  our hands across the").
+  our hands across the"). So is every live final of a talker whom the finals after two of
+  their last eight pauses read going on with the sentence (`PauseHabit`); the final after
+  such a hold that reads the held pause as a sentence's end commits the held words and
+  holds only the new utterance.
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
   A decode Whisper's fallback rule fails counts for nothing: two decodes of one loop agree on
