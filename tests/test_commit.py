@@ -847,8 +847,9 @@ def test_a_final_read_stopping_inside_a_sentence_waits_to_be_read_with_the_next_
 
 def test_a_final_after_a_hold_that_again_stops_inside_the_sentence_holds_again():
     """A talker may stop twice in one sentence: the final that reads the held words with the
-    next utterance, stopping inside the sentence again, holds them all, and the final at the
-    sentence's end commits the whole sentence, read in one."""
+    next utterance, stopping inside the sentence again, holds them all; the final at the
+    sentence's end, of a talker whose finals read on across both pauses, is held too, and
+    the silence after it commits the whole sentence, read in one."""
     stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000)], seconds=9)
     request = stream.request
     said = [read("carrying our boots in our", 400, 300, -0.1), read("hands across the", 3_000, 600, -0.1),
