@@ -441,7 +441,6 @@ class Stream:
         facts = self._facts(result)
         # a second reading (`self.doubt`) decoded from the last final's end, not the window's start
         reread = result.final and self.doubt is not None
-        given = self.forced(facts.start, result.preview) > 0
         self._decoded(result, request.preview_start if reread else facts.start, facts.end)
         interval = ms_to_positions(self.config.decode_interval_ms)
         plan = commit.plan(facts, interval, self.config.agree_after)
@@ -474,7 +473,7 @@ class Stream:
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
         redo = passed_over and may_retry
         # where the speech after the last final's pause starts, if this final reads it ended a sentence
-        ended = self._read_pause(words, given) if live_final and not (reread or passed_over) else None
+        ended = self._read_pause(words, facts.start) if live_final and not (reread or passed_over) else None
         # no speech came after the held words' pause: this final is theirs (`_track_speech`)
         last_word = self.held is not None and request.last_speech_end <= self.held[0]
         ended = ended if self.held is not None else None  # (only held words wait to be done)
@@ -640,11 +639,11 @@ class Stream:
         policy = self.policy
         return policy.num_reread(self._reread_ms()) < policy.num_window_committed
 
-    def _read_pause(self, words: list[Word], given: bool) -> int | None:
-        """A live final's decode, `words`, reads the last final's pause (`pause_word`'s end)
-        on or to a sentence's end, where words follow it: the talker's habit. `given`: the
-        window's kept sentence was taken as given. -> where the words after the pause start
-        (ms), if read after a sentence's end; else None."""
+    def _read_pause(self, words: list[Word], start: int) -> int | None:
+        """A live final's decode of the window from `start`, `words`, reads the last final's
+        pause (`pause_word`'s end) on or to a sentence's end, where words follow it: the
+        talker's habit. -> where the words after the pause start (ms), if read after a
+        sentence's end; else None."""
         word = self.pause_word
         if word is None:
             return None
@@ -656,7 +655,8 @@ class Stream:
             return None
         before = next((w for w in reversed(words[:after]) if w.key == word.key
                        and abs(w.end_ms - word.end_ms) < REREAD_SLACK_MS), None)
-        read_on = commit.reads_on(before, words[after], given)
+        # (a kept sentence taken as given has the mark the final before read)
+        read_on = commit.reads_on(before, words[after], self.forced(start, preview=False) > 0)
         self.habit.observe(read_on)
         return None if read_on else words[after].start_ms
 
