@@ -287,7 +287,7 @@ class ModelRunner:
                 continue
             # this decode is committed as is (no agreement check): as offline Whisper,
             # re-decode a loop, a skip or a budget overrun at rising temperatures, and a copy
-            # of the prompt's last sentence without the prompt
+            # of one of the prompt's sentences without the prompt
             copied = copies_prompt(tokenizer, d.tokens, opts.prompt)
             if d.needs_fallback or copied:
                 try:

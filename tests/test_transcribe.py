@@ -177,10 +177,10 @@ def test_cli_transcribe_json_and_bad_file(tmp_path):
     assert "does not exist" in out.stderr
 
 
-def test_a_decode_that_copies_the_prompts_last_sentence_is_done_again_without_it(monkeypatch):
-    """A window whose decode opens with the prompt's last sentence, word for word, is decoded
-    again without the prompt (the decoder read the text before the window instead of the
-    window); other decodes, and short repeats, stand."""
+def test_a_decode_that_copies_a_prompts_sentence_is_done_again_without_it(monkeypatch):
+    """A window whose decode opens with one of the prompt's sentences, word for word (its
+    last, or one before it), is decoded again without the prompt (the decoder read the text
+    before the window instead of the window); other decodes, and short repeats, stand."""
     from engine.model import transcribe as transcribe_module
     from engine.model.decoding import DecodingOptions, copies_prompt, decode
     from tests.test_model import window_mel
@@ -192,6 +192,7 @@ def test_a_decode_that_copies_the_prompts_last_sentence_is_done_again_without_it
     prompt = said["0870"]  # "<|0.00|> And Mr. John Dashwood ... for them.<|7.00|>" in Whisper's form
     assert prompt[0] >= ts and prompt[-1] >= ts and len(tokenizer.decode(prompt).split()) > 10
     assert copies_prompt(tokenizer, said["0870"], said["0880"] + prompt)
+    assert copies_prompt(tokenizer, said["0870"], prompt + said["0880"])  # an earlier sentence
     assert not copies_prompt(tokenizer, said["0880"], prompt)
     assert not copies_prompt(tokenizer, said["0870"], [])
     short = [ts, *tokenizer_words(tokenizer, said["0880"], 2), ts + 50]

@@ -105,27 +105,26 @@ def _segment_words(tokenizer: Tokenizer, tokens: list[int]) -> list[str]:
     return re.findall(r"[a-z0-9']+", tokenizer.decode(tokens).lower())
 
 
-def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) -> bool:
-    """Whether a decode opens with the prompt's last segment, word for word: the decoder
-    copying the text before the window instead of hearing the window (long-form prompts
-    invite it; a sentence said twice in a row is rare, and decoding again without the
-    prompt gives it back if it was said)."""
-    ts = tokenizer.timestamp_begin
-    text = [i for i, t in enumerate(prompt) if t < ts]
-    if not text:
-        return False
-    start = text[-1]  # the last segment: the text tokens before the prompt's last timestamps
-    while start > 0 and prompt[start - 1] < ts:
-        start -= 1
-    last = _segment_words(tokenizer, prompt[start : text[-1] + 1])
-    first: list[int] = []  # the decode's first segment
+def _segments(tokenizer: Tokenizer, tokens: list[int]) -> list[list[str]]:
+    """The words of each segment of a decode or prompt: its text between timestamps."""
+    segments: list[list[int]] = [[]]
     for t in tokens:
-        if t >= ts:
-            if first:
-                break
-            continue
-        first.append(t)
-    return len(last) >= MIN_COPIED_WORDS and _segment_words(tokenizer, first) == last
+        if t < tokenizer.timestamp_begin:
+            segments[-1].append(t)
+        elif segments[-1]:
+            segments.append([])
+    return [_segment_words(tokenizer, s) for s in segments if s]
+
+
+def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) -> bool:
+    """Whether a decode opens with one of the prompt's segments (its sentences), word for
+    word: the decoder copying the text before the window instead of hearing the window.
+    Long-form prompts invite it, the last sentence most, but not only (under white noise a
+    hot decode read a session's first sentence again over its fourth); a sentence said again
+    within a prompt's reach is rare, and decoding again without the prompt gives it back if
+    it was said."""
+    first = next(iter(_segments(tokenizer, tokens)), [])
+    return len(first) >= MIN_COPIED_WORDS and first in _segments(tokenizer, prompt)
 
 
 def compression_ratio(text: str) -> float:
