@@ -179,8 +179,9 @@ def test_cli_transcribe_json_and_bad_file(tmp_path):
 
 def test_a_decode_that_copies_a_prompts_sentence_is_done_again_without_it(monkeypatch):
     """A window whose decode opens with one of the prompt's sentences, word for word (its
-    last, or one before it), is decoded again without the prompt (the decoder read the text
-    before the window instead of the window); other decodes, and short repeats, stand."""
+    last, or one before it), or with its first five words, is decoded again without the
+    prompt (the decoder read the text before the window instead of the window); other
+    decodes, and short repeats, stand."""
     from engine.model import transcribe as transcribe_module
     from engine.model.decoding import DecodingOptions, copies_prompt, decode
     from tests.test_model import window_mel
@@ -193,6 +194,10 @@ def test_a_decode_that_copies_a_prompts_sentence_is_done_again_without_it(monkey
     assert prompt[0] >= ts and prompt[-1] >= ts and len(tokenizer.decode(prompt).split()) > 10
     assert copies_prompt(tokenizer, said["0870"], said["0880"] + prompt)
     assert copies_prompt(tokenizer, said["0870"], prompt + said["0880"])  # an earlier sentence
+    for n, copied in ((5, True), (4, False)):  # its opening words, then the decoder's own
+        own = tokenizer_words(tokenizer, said["0880"], 4)
+        opening = [ts, *tokenizer_words(tokenizer, said["0870"], n), *own, ts + 50]
+        assert copies_prompt(tokenizer, opening, prompt + said["0880"]) == copied
     assert not copies_prompt(tokenizer, said["0880"], prompt)
     assert not copies_prompt(tokenizer, said["0870"], [])
     short = [ts, *tokenizer_words(tokenizer, said["0880"], 2), ts + 50]

@@ -30,6 +30,7 @@ LOGPROB_THRESHOLD = -1.0
 NO_SPEECH_THRESHOLD = 0.6
 MAX_PROMPT_TOKENS = 223  # n_text_ctx // 2 - 1
 MIN_COPIED_WORDS = 3  # a shorter segment said again is no sign of copying ("Yes. Yes.")
+COPIED_OPENING_WORDS = 5  # a decode opening with a prompt sentence's first words this many copies it
 
 
 @dataclass
@@ -124,7 +125,11 @@ def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) ->
     within a prompt's reach is rare, and decoding again without the prompt gives it back if
     it was said."""
     first = next(iter(_segments(tokenizer, tokens)), [])
-    return len(first) >= MIN_COPIED_WORDS and first in _segments(tokenizer, prompt)
+    if len(first) < MIN_COPIED_WORDS:
+        return False
+    return any(first == said or (len(said) >= COPIED_OPENING_WORDS
+                                 and first[:COPIED_OPENING_WORDS] == said[:COPIED_OPENING_WORDS])
+               for said in _segments(tokenizer, prompt))
 
 
 def compression_ratio(text: str) -> float:
