@@ -119,11 +119,12 @@ def _segments(tokenizer: Tokenizer, tokens: list[int]) -> list[list[str]]:
 
 def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) -> bool:
     """Whether a decode opens with one of the prompt's segments (its sentences), word for
-    word: the decoder copying the text before the window instead of hearing the window.
-    Long-form prompts invite it, the last sentence most, but not only (under white noise a
-    hot decode read a session's first sentence again over its fourth); a sentence said again
-    within a prompt's reach is rare, and decoding again without the prompt gives it back if
-    it was said."""
+    word, or with the first COPIED_OPENING_WORDS words of one: the decoder copying the text
+    before the window instead of hearing the window. Long-form prompts invite it, the last
+    sentence most, but not only (under white noise a decode read a session's first sentence
+    again over its fourth, and the next its opening and made-up words after it); a sentence
+    said again within a prompt's reach is rare, and decoding again without the prompt gives
+    it back if it was said."""
     first = next(iter(_segments(tokenizer, tokens)), [])
     if len(first) < MIN_COPIED_WORDS:
         return False
