@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -106,15 +106,18 @@ def _segment_words(tokenizer: Tokenizer, tokens: list[int]) -> list[str]:
     return re.findall(r"[a-z0-9']+", tokenizer.decode(tokens).lower())
 
 
-def _segments(tokenizer: Tokenizer, tokens: list[int]) -> list[list[str]]:
-    """The words of each segment of a decode or prompt: its text between timestamps."""
-    segments: list[list[int]] = [[]]
+def _segments(tokenizer: Tokenizer, tokens: list[int]) -> Iterator[list[str]]:
+    """The words of each segment of a decode or prompt (its text between timestamps), one at
+    a time: a caller that wants the first decodes no more."""
+    text: list[int] = []
     for t in tokens:
         if t < tokenizer.timestamp_begin:
-            segments[-1].append(t)
-        elif segments[-1]:
-            segments.append([])
-    return [_segment_words(tokenizer, s) for s in segments if s]
+            text.append(t)
+        elif text:
+            yield _segment_words(tokenizer, text)
+            text = []
+    if text:
+        yield _segment_words(tokenizer, text)
 
 
 def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) -> bool:
@@ -125,7 +128,7 @@ def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) ->
     again over its fourth, and the next its opening and made-up words after it); a sentence
     said again within a prompt's reach is rare, and decoding again without the prompt gives
     it back if it was said."""
-    first = next(iter(_segments(tokenizer, tokens)), [])
+    first = next(_segments(tokenizer, tokens), [])
     if len(first) < MIN_COPIED_WORDS:
         return False
     return any(first == said or (len(said) >= COPIED_OPENING_WORDS
