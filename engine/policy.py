@@ -16,6 +16,9 @@ OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hyp
 TIME_TOLERANCE_MS = 100
 TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found ...
 LONG_TAIL_WORDS = 3  # ... times m for a tail of m words from this many on
+# a word a window's cut falls in, ending this close after it, leaves the window: Whisper does
+# not read its last 0.3 s again (a sentence cut starts 200 ms before it ends, on an item)
+CUT_TAIL_MS = 300
 CONTEXT_WORDS = 512  # context words kept before the window: more than a prompt takes
 # two readings' word agrees only where they place it this close (the gap between their times):
 # one reading that passed over seconds of speech times its words where it read them
@@ -164,10 +167,13 @@ class LocalAgreement:
 
     def cut_window(self, start_ms: int) -> None:
         """The decode window now starts at `start_ms`: committed words before it leave it, and
-        so does one ending within TIME_TOLERANCE_MS after it. (A window cut at the committed end
-        starts on an item, up to 80 ms before it: counted in the window, the last word left the
-        prompt without its full stop, and a re-decode found it in the new speech, " it" in
-        "Leave it covered", and dropped the words up to there.)"""
+        so does one ending within TIME_TOLERANCE_MS after it, or within CUT_TAIL_MS where the
+        cut falls in it. (A window cut at the committed end starts on an item, up to 80 ms
+        before it: counted in the window, the last word left the prompt without its full stop,
+        and a re-decode found it in the new speech, " it" in "Leave it covered", and dropped
+        the words up to there. One cut at a kept sentence's start, 200-280 ms before the end of
+        the word before, was counted in the window too: no decode read it again, and the
+        prompts lost it and its full stop, "soft and slightly Leave it covered".)"""
         self.num_window_committed = _num_after(self.committed, self.num_window_committed, start_ms)
         self.num_window_context = _num_after(self.context, self.num_window_context, start_ms)
         drop = len(self.context) - self.num_window_context - CONTEXT_WORDS
@@ -247,15 +253,21 @@ class LocalAgreement:
         reading, the session's later windows copied it). Not where their tail is not found in
         it or it ends before their last word (a partial that stopped early, its last word left
         out: `Stream._before_skip`), nor while the window holds words from before a hot
-        decode's prompt reset (the floor counts the words before it)."""
+        decode's prompt reset (the floor counts the words before it). A reading with more
+        words than they are whose first ones start inside the word before the window read that
+        word's tail again (`cut_window`: "humor." as "a human."): those are not their text."""
         start = len(self.context) - self.num_window_context
         n = self.num_window_committed
         if n == 0 or start < self.prompt_floor:
             return
         end = self._tail_end(hypothesis, n)
-        if end is not None and end <= len(hypothesis):
-            self.context[start:] = hypothesis[:end]
-            self.num_window_context = end
+        if end is None or end > len(hypothesis):
+            return
+        tail = 0
+        while start > 0 and tail < end - n and hypothesis[tail].start_ms < self.context[start - 1].end_ms:
+            tail += 1
+        self.context[start:] = hypothesis[tail:end]
+        self.num_window_context = end - tail
 
     def reset_prompt(self) -> None:
         """Later windows get no prompt from the words committed so far."""
@@ -294,7 +306,8 @@ def _num_since(words: list[Word], n: int, start_ms: int | None) -> int:
 
 def _num_after(words: list[Word], n: int, start_ms: int) -> int:
     """Of the last `n` words, how many a window cut at `start_ms` keeps (`cut_window`)."""
-    while n > 0 and words[-n].end_ms <= start_ms + TIME_TOLERANCE_MS:
+    while n > 0 and words[-n].end_ms <= start_ms + (
+            CUT_TAIL_MS if words[-n].start_ms < start_ms else TIME_TOLERANCE_MS):
         n -= 1
     return n
 

@@ -731,6 +731,33 @@ def test_a_prompt_reads_committed_words_as_the_latest_decode_of_their_window_rea
     assert prompt(policy) == "and mister john"
 
 
+def test_a_window_kept_from_a_sentences_start_leaves_the_word_it_cuts_into_in_the_prompt():
+    """A final's cut keeps its last sentence as the next windows' context: it starts 200 ms
+    before the word before's end (`sentence_start_ms`), on an item (up to 80 ms earlier).
+    Whisper does not read that word's last 0.3 s again: it is the prompt's last word, full
+    stop and all, and stays in the prompts after the window's next decode (lost, the prompts
+    read "soft and slightly Leave it covered")."""
+    vocabulary: dict[str, int] = {}
+    said = lambda text, start_ms, step_ms=400: tokens_of(words(text, start_ms, step_ms), vocabulary)  # noqa: E731
+    for rounding in (0, 79):  # the cut on an item, or up to 80 ms before
+        policy = LocalAgreement()
+        first = said("feels soft and slightly sticky.", 6_440, 400)  # "sticky." 8.04-8.44 s
+        policy.flush(first + said("leave it covered in time.", 9_250))
+        assert policy.sentence_start_ms(10_000, finished=True) == 8_240
+        policy.cut_window(8_240 - rounding)
+        assert policy.num_window_committed == policy.num_window_context == 5
+        assert prompt_keys(policy, vocabulary, 100)[-2:] == ["slightly", "sticky"]
+    # the next decode of the window; where it reads the word's tail again, that is not its text
+    for tail in ("", "see"):
+        reading = said(tail, 8_160, 200) + said("leave it covered in time. now rest", 9_250)
+        policy.read_window(reading)
+        window = policy.context[len(policy.context) - policy.num_window_context :]
+        assert " ".join(w.key for w in window) == "leave it covered in time"
+    policy.flush(reading)
+    policy.cut_window(12_000)
+    assert prompt_keys(policy, vocabulary, 100) == [w.key for w in policy.committed]
+
+
 def test_the_prompts_context_stays_bounded_and_its_floor_with_it_over_a_long_session():
     vocabulary: dict[str, int] = {}
     policy = LocalAgreement()
