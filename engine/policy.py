@@ -16,8 +16,8 @@ OVERLAP_NGRAM = 5  # longest committed tail looked for at the start of a new hyp
 TIME_TOLERANCE_MS = 100
 TRIM_SLACK_WORDS = 2  # how far from where it should be a committed tail may be found ...
 LONG_TAIL_WORDS = 3  # ... times m for a tail of m words from this many on
-# a word a window's cut falls in, ending this close after it, leaves the window: Whisper does
-# not read its last 0.3 s again (a sentence cut starts 200 ms before it ends, on an item)
+# a word a window's cut falls in, ending this close after it, leaves the window: Whisper rarely
+# reads its last 0.3 s again (a sentence cut starts 200 ms before it ends, on an item)
 CUT_TAIL_MS = 300
 CONTEXT_WORDS = 512  # context words kept before the window: more than a prompt takes
 # two readings' word agrees only where they place it this close (the gap between their times):
@@ -171,9 +171,9 @@ class LocalAgreement:
         cut falls in it. (A window cut at the committed end starts on an item, up to 80 ms
         before it: counted in the window, the last word left the prompt without its full stop,
         and a re-decode found it in the new speech, " it" in "Leave it covered", and dropped
-        the words up to there. One cut at a kept sentence's start, 200-280 ms before the end of
-        the word before, was counted in the window too: no decode read it again, and the
-        prompts lost it and its full stop, "soft and slightly Leave it covered".)"""
+        the words up to there. A cut at a kept sentence's start falls 200-280 ms before the end
+        of the word before: a decode rarely reads that tail again, and counted in the window the
+        word left the prompts, full stop and all, "soft and slightly Leave it covered".)"""
         self.num_window_committed = _num_after(self.committed, self.num_window_committed, start_ms)
         self.num_window_context = _num_after(self.context, self.num_window_context, start_ms)
         drop = len(self.context) - self.num_window_context - CONTEXT_WORDS
