@@ -734,7 +734,7 @@ def test_a_prompt_reads_committed_words_as_the_latest_decode_of_their_window_rea
 def test_a_window_kept_from_a_sentences_start_leaves_the_word_it_cuts_into_in_the_prompt():
     """A final's cut keeps its last sentence as the next windows' context: it starts 200 ms
     before the word before's end (`sentence_start_ms`), on an item (up to 80 ms earlier).
-    Whisper does not read that word's last 0.3 s again: it is the prompt's last word, full
+    Whisper rarely reads that word's last 0.3 s again: it is the prompt's last word, full
     stop and all, and stays in the prompts after the window's next decode (lost, the prompts
     read "soft and slightly Leave it covered")."""
     vocabulary: dict[str, int] = {}
