@@ -8,13 +8,18 @@ state (`SpeechDetector`), and `detect` runs many streams' chunks in one batch.
 
 Silero is level-independent only down to a point: far under a normal level it hears less
 and less of the speech, while Whisper still transcribes it. So each stream's chunks reach
-the network with a gain that brings the loudest level so far up to `GAIN_TARGET_DBFS` (at
-most `MAX_GAIN_DB`, never down): speech at any level meets the network as speech at a
-normal one. The loudest level is one held for `HOLD_CHUNKS` chunks (within `HOLD_RANGE_DB`,
-else the quietest of them), each chunk less its mean: a click (shorter than a chunk) or a
-DC offset does not set the gain of the session, where quiet speech after it went unheard.
-Steady noise brought up as far is still not speech to it, and the model itself reads the
-audio as it came (docs/architecture.md, Speech tracking).
+the network with a gain that brings the loudest level of sound in the second up to the last
+sound (`RECENT_CHUNKS`) up to `GAIN_TARGET_DBFS` (at most `MAX_GAIN_DB`, never down): speech
+at any level meets the network as speech at a normal one, and a quiet talker a second after a
+loud one is heard as alone (with the session's loudest level, a far talker after a near one
+went unheard). Levels are held for `HOLD_CHUNKS` chunks (within `HOLD_RANGE_DB`, else the
+quietest of them), each chunk less its mean: a click (shorter than a chunk) or a DC offset
+does not set the gain, where quiet speech after it went unheard. Sound is a held level
+`SOUND_MARGIN_DB` over the noise floor, the quietest chunk of the last `FLOOR_CHUNKS`: silence
+and steady noise are none, so a pause keeps the gain of the sound before it (brought up in
+every pause, low noise was read as speech). Steady noise brought up is still not speech to
+the network, and the model itself reads the audio as it came (docs/architecture.md, Speech
+tracking).
 
 `TurnDetector` turns a stream's probabilities into speech started / stopped events (the
 engine's stream runs one for a session that asks), as Silero's own `get_speech_timestamps`
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from audio.mel import held_levels
 from audio.pauses import PauseTracker
@@ -45,6 +51,9 @@ GAIN_TARGET_DBFS = -35.0  # the loudest chunk's RMS as the network hears it, whe
 MAX_GAIN_DB = 36.0
 HOLD_CHUNKS = 3  # 96 ms: a level sets the gain once held this long (a click spans two chunks at most)
 HOLD_RANGE_DB = 10.0  # chunks in a row within this of the loudest of them hold its level
+RECENT_CHUNKS = 31  # about a second: the loudest level of sound held over it sets the gain
+FLOOR_CHUNKS = 94  # about 3 s: the quietest chunk level over them is the noise floor
+SOUND_MARGIN_DB = 12.0  # a held level this far over the noise floor is sound
 
 _model: torch.jit.ScriptModule | None = None
 _model_lock = threading.Lock()
@@ -88,8 +97,10 @@ class SpeechDetector:
         self.pending = np.zeros(0, dtype=np.float32)  # samples of the next, incomplete chunk
         self.num_chunks = 0  # chunks analysed
         self.recent_db = np.full(HOLD_CHUNKS - 1, -np.inf)  # RMS levels of the last chunks, dBFS
+        self.floor_db = np.full(FLOOR_CHUNKS - 1, np.inf)  # ... of the chunks the floor counts over
         self.chunk_levels = np.zeros(0)  # (k,) dBFS of the chunks the last call took (before gain)
-        self.loudest_db = -np.inf  # the loudest level held so far (sets the gain)
+        self.sound_db = np.full(RECENT_CHUNKS - 1, -np.inf)  # held levels of the last chunks, if sound
+        self.loudest_db = -np.inf  # the loudest sound in the second up to the last sound (sets the gain)
 
     def push(self, samples: np.ndarray) -> np.ndarray:
         """(n,) float32 16 kHz samples -> (k,) speech probabilities of the chunks they complete."""
@@ -97,10 +108,11 @@ class SpeechDetector:
 
     def take_chunks(self, samples: np.ndarray) -> torch.Tensor:
         """Add samples -> (k, 512) the chunks they complete (the rest waits for more), each
-        less its mean and with the gain of the loudest level held up to it, or of its own
-        level where that is louder (so the first word of quiet speech is heard at once, and
-        nothing is raised over the target). A microphone's DC offset louder than quiet speech
-        took the gain (and, brought up with the speech, the network's hearing) away."""
+        less its mean and with the gain of the loudest level of sound held in the second up
+        to the last sound, or of its own level where that is louder (so the first word of quiet
+        speech is heard at once, and nothing is raised over the target). A microphone's DC
+        offset louder than quiet speech took the gain (and, brought up with the speech, the
+        network's hearing) away."""
         data = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
         n = data.size // CHUNK_SAMPLES
         self.pending = data[n * CHUNK_SAMPLES :]
@@ -112,8 +124,15 @@ class SpeechDetector:
         levels = self.chunk_levels = level_db(chunks, axis=1)  # (k,)
         run = np.concatenate([self.recent_db, levels])
         held = held_levels(run, HOLD_CHUNKS, HOLD_RANGE_DB)  # (k,) the runs ending at each chunk
-        loudest = np.maximum.accumulate(np.maximum(held, self.loudest_db))
-        self.recent_db, self.loudest_db = run[-(HOLD_CHUNKS - 1) :], float(loudest[-1])
+        quiet = np.concatenate([self.floor_db, levels])
+        floor = sliding_window_view(quiet, FLOOR_CHUNKS).min(axis=1)  # (k,) the floor at each chunk
+        sound = held >= floor + SOUND_MARGIN_DB  # (k,)
+        sounds = np.concatenate([self.sound_db, np.where(sound, held, -np.inf)])
+        recent = sliding_window_view(sounds, RECENT_CHUNKS).max(axis=1)  # (k,) over the last second
+        last = np.maximum.accumulate(np.where(sound, np.arange(n), -1))  # (k,) the last sound up to each
+        loudest = np.where(last >= 0, recent[last], self.loudest_db)  # held through silence and noise
+        self.recent_db, self.floor_db = run[-(HOLD_CHUNKS - 1) :], quiet[-(FLOOR_CHUNKS - 1) :]
+        self.sound_db, self.loudest_db = sounds[-(RECENT_CHUNKS - 1) :], float(loudest[-1])
         gain_db = np.clip(GAIN_TARGET_DBFS - np.maximum(loudest, levels), 0.0, MAX_GAIN_DB)
         return torch.from_numpy(chunks * (10 ** (gain_db / 20)).astype(np.float32)[:, None])
 

@@ -13,6 +13,8 @@ exact.
 Conditions (each a WAV file, or several, with a JSON manifest beside it):
 - level-0 / level-20 / level-30 / level-50: one program (many voices, real recordings) at
   speech level -23 dBFS, and scaled by -20, -30 and -50 dB;
+- level-drop: the program at -23 dBFS for its first third, then 40 dB down from a pause on (a
+  far talker after a near one);
 - pink-snr20 / pink-snr10 / white-snr20 / white-snr10: the same program with noise throughout;
 - babble-snr12: the program with three other voices talking under it, 12 dB down;
 - reverb: the program in a room (a 0.5 s reverberation tail, as loud as the direct sound);
@@ -74,7 +76,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.wer import normalize  # noqa: E402
 
-VERSION = 10  # bump when the corpus changes: evaluate.py rebuilds an older one
+VERSION = 11  # bump when the corpus changes: evaluate.py rebuilds an older one
 DEFAULT_DIR = ROOT / "data" / "corpus"
 RATE = 16000
 SPEECH_DBFS = -23.0  # every piece's speech level (RMS over its active frames) at level 0
@@ -430,6 +432,19 @@ def with_gain(clip: Clip, name: str, db: float) -> Clip:
     return Clip(name, name, (clip.audio * gain).astype(np.float32), clip.rate, clip.sentences, gaps, info)
 
 
+def with_drop(clip: Clip, name: str, db: float) -> Clip:
+    """The clip as it is up to the pause before its first sentence past a third of it, then
+    `db` down from the middle of that pause on: a far talker after a near one."""
+    i = next(k for k, s in enumerate(clip.sentences) if s["onset"] >= clip.audio.shape[0] / clip.rate / 3)
+    at = (clip.sentences[i - 1]["end"] + clip.sentences[i]["onset"]) / 2
+    audio = clip.audio.copy()
+    audio[round(at * clip.rate) :] *= 10 ** (db / 20)
+    gaps = [{**g, "noise_dbfs": None if g["noise_dbfs"] is None or g["start"] < at else g["noise_dbfs"] + db}
+            for g in clip.gaps]
+    info = {**clip.info, "drop": {"at": round(at, 4), "db": db, "first_sentence": i}}
+    return Clip(name, name, audio, clip.rate, clip.sentences, gaps, info)
+
+
 def noise(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
     """(n,) white or pink (1/f power) Gaussian noise at unit RMS."""
     x = rng.standard_normal(n)
@@ -665,6 +680,7 @@ def festival(seed: int, quick: bool) -> list[Clip]:
 def program_conditions(clip: Clip, seed: int) -> list[Clip]:
     speech = clip.info["speech_dbfs"]
     out = [with_gain(clip, f"level-{-db}" if db else "level-0", db) for db in (0, -20, -30, -50)]
+    out.append(with_drop(clip, "level-drop", -40))
     out += [with_noise(clip, f"{kind}-snr{snr}", kind, speech - snr, seed)
             for kind in ("pink", "white") for snr in (20, 10)]
     out += [with_babble(clip, "babble-snr12", 12.0, seed), reverberant(clip, "reverb", 0.5, seed)]

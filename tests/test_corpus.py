@@ -25,11 +25,10 @@ from scripts.corpus import (
 )
 from scripts.wer import edit_distance
 
-CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "pink-snr20", "pink-snr10", "white-snr20",
-              "white-snr10", "babble-snr12", "reverb", "cheap-mic", "hot-mic", "telephone-8k", "stereo-44k",
-              "festival", "festival-pink-snr10", "gaps-silence", "gaps-noise", "gaps-sounds", "pauses-short",
-              "run-on", "hesitant",
-              "long-session", "end-abrupt", "previous-set", "real-ivr"}
+CONDITIONS = {"level-0", "level-20", "level-30", "level-50", "level-drop", "pink-snr20", "pink-snr10",
+              "white-snr20", "white-snr10", "babble-snr12", "reverb", "cheap-mic", "hot-mic", "telephone-8k",
+              "stereo-44k", "festival", "festival-pink-snr10", "gaps-silence", "gaps-noise", "gaps-sounds",
+              "pauses-short", "run-on", "hesitant", "long-session", "end-abrupt", "previous-set", "real-ivr"}
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +111,9 @@ def test_gaps_hold_silence_or_the_declared_noise_and_sentences_hold_speech(built
             pooled = np.concatenate([mono[int((g["start"] + 0.05) * rate) : int((g["end"] - 0.05) * rate)]
                                      for g in noise])
             assert abs(10 * np.log10(np.mean(pooled**2)) - noise[0]["noise_dbfs"]) < 1.5, manifest["name"]
+        drop = manifest.get("drop") or {"at": np.inf, "db": 0.0}
         for s in manifest["sentences"]:
-            speech = manifest["speech_dbfs"]
+            speech = manifest["speech_dbfs"] + (drop["db"] if s["onset"] > drop["at"] else 0.0)
             assert level_db(mono, rate, s["onset"], s["end"]) > speech - 8, (manifest["name"], s)
             assert level_db(mono, rate, s["onset"], s["onset"] + 0.1) > speech - 25, (manifest["name"], s)
 
@@ -129,6 +129,13 @@ def test_levels_noise_rates_and_channels_are_as_the_condition_says(built):
     assert abs(speech_db("level-0") - corpus.SPEECH_DBFS) < 2
     for name, db in (("level-20", -20), ("level-30", -30), ("level-50", -50)):
         assert clip[name][0]["gain_db"] == db and abs(speech_db(name) - speech_db("level-0") - db) < 0.1
+    m, a, r = clip["level-drop"]  # as level-0 up to a pause, 40 dB down after it
+    cut = round(m["drop"]["at"] * r)
+    first = m["sentences"][m["drop"]["first_sentence"]]
+    assert m["sentences"][m["drop"]["first_sentence"] - 1]["end"] < m["drop"]["at"] < first["onset"]
+    np.testing.assert_array_equal(a[:cut], clip["level-0"][1][:cut])
+    step = 2**-15  # the WAV's 16-bit step
+    np.testing.assert_allclose(a[cut:], clip["level-0"][1][cut:] * 10 ** (-40 / 20), atol=step)
     m, a, r = clip["hot-mic"]  # 20 dB up, clipped: a few dB short of it
     assert m["gain_db"] == 20 and 0.02 < m["clipped"] < 0.3
     assert abs(np.mean(np.abs(a) > 0.999) - m["clipped"]) < 0.005
