@@ -384,14 +384,6 @@ def test_a_click_or_an_offset_sets_neither_the_log_mel_floor_nor_the_vad_gain(so
     assert heard[1].mean() > 0.5 and (heard[0] == heard[1]).mean() > 0.97
 
 
-def pink_noise(seconds: float, dbfs: float, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    spectrum = np.fft.rfft(rng.standard_normal(int(16000 * seconds)))
-    spectrum[1:] /= np.sqrt(np.arange(1, spectrum.size))  # 1/f power
-    noise = np.fft.irfft(spectrum, int(16000 * seconds))
-    return (noise / np.sqrt(np.mean(noise**2)) * 10 ** (dbfs / 20)).astype(np.float32)
-
-
 @pytest.mark.parametrize("gap", ["silence", "noise"])
 def test_a_quiet_voice_after_a_loud_one_is_heard_as_alone(gap):
     """A talker 50 dB under the one before (a far talker after a near one, a microphone
@@ -407,7 +399,10 @@ def test_a_quiet_voice_after_a_loud_one_is_heard_as_alone(gap):
     if gap == "silence":
         pause = np.zeros(32 * 512, np.float32)
     else:  # a microphone's hiss, 20 s alone, then under the quiet talker
-        hiss = pink_noise(20.0 + quiet.size / 16000, -90.0)
+        from scripts.corpus import noise
+
+        hiss = noise("pink", 20 * 16000 + quiet.size, np.random.default_rng(0)) * 10 ** (-90 / 20)
+        hiss = hiss.astype(np.float32)
         pause, quiet = hiss[: 20 * 16000], quiet + hiss[20 * 16000 :]
     detector = SpeechDetector()
     detector.push(loud)
