@@ -284,6 +284,40 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is
     assert result.avg_logprob == max(r.avg_logprob for r in tried)  # all loop: the likeliest
 
 
+def test_when_every_temperature_fails_a_loop_that_began_at_once_is_not_kept(monkeypatch):
+    """A decode that stopped at a repeat after a word or two ("No, no" over seconds of
+    speech) reads nothing of the window, however likely its few tokens: it is left out of the
+    choice; one that read most of the window before its repeat still competes."""
+    import dataclasses
+
+    from engine.model import transcribe as transcribe_module
+    from engine.model.decoding import decode
+    from tests.test_model import window_mel
+
+    b = bundle()
+    features = b.model.encoder(window_mel("0880").to(b.model.device, b.model.dtype))
+    tried = []
+
+    def unsure(model_, tokenizer_, features_, options, suppress, cross=None):
+        result = decode(model_, tokenizer_, features_, options, suppress, cross)
+        result = dataclasses.replace(result, avg_logprob=result.avg_logprob - 3.0)
+        if options.temperature == 0.4:  # the likeliest of all: one word, then a repeat
+            first = result.text.split()[0]
+            result = dataclasses.replace(result, text=" " + first, avg_logprob=-1.01, stop="repetition")
+        if options.temperature == 0.6:  # read the window, then repeated itself: the likeliest of the rest
+            result = dataclasses.replace(result, avg_logprob=-1.5, stop="repetition")
+        tried.append(result)
+        return result
+
+    monkeypatch.setattr(transcribe_module, "decode_batch", per_row(unsure))
+    result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
+    assert all(r.needs_fallback for r in tried)
+    loop = next(r for r in tried if r.temperature == 0.4)
+    assert len(loop.text.split()) == 1 and len(tried[0].text.split()) >= 4  # (the window holds a sentence)
+    assert result.stop == "repetition" and result.avg_logprob == -1.5
+    assert result.temperature == transcribe_module.TEMPERATURES[-1]
+
+
 def test_the_hotter_temperatures_are_decoded_in_one_batch_as_each_reads_alone(monkeypatch):
     """After greedy and 0.2 fail, the four hotter temperatures are one batch: each row
     reads as that temperature's decode alone (its own sampling, its own prompt: none over

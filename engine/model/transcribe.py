@@ -37,6 +37,9 @@ from engine.timeline import SAMPLE_RATE, ms_to_samples, positions_to_seconds, se
 from engine.words import Segment, aligned_words, mark_segments, split_segments
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+# when every temperature fails, a decode stopped at a repeat competes if what it read before
+# the repeat spells at least this share of the longest decode's letters (`decode_with_fallback`)
+LOOP_READ_SHARE = 0.75
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
 VAD_THRESHOLD = EngineConfig.vad_threshold
 TAIL_MS = 500  # a window that ends at a long silence keeps this much of it
@@ -80,9 +83,12 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
 
     When every temperature fails, the likeliest decode that is no runaway (past its budget,
     or a text that compresses too well) is kept, as faster-whisper: one stopped at a repeat
-    competes, its copies already dropped. Whisper keeps the hottest, which on hard audio is
-    sounds spelled as made-up words, and their times swallow the speech after them. The one
-    kept is marked with the last temperature tried so its text is no prompt. `cross`:
+    competes, its copies already dropped, if what it read before the repeat spells at least
+    LOOP_READ_SHARE of the longest decode's letters. A loop that began at once reads nothing of
+    the window, and its few tokens are likely ones ("No, no" over 8 s of speech, where T=0.8
+    read the sentence). Whisper keeps the hottest, which on hard audio is sounds spelled as
+    made-up words, and their times swallow the speech after them. The one kept is marked with
+    the last temperature tried so its text is no prompt. `cross`:
     `cross_kv` of `features` if already computed (else computed once here); `earlier`: a
     decode of this window already made; `speech_heard`: the VAD heard speech in the window
     (DecodingOptions)."""
@@ -99,9 +105,15 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
             if result.is_silence or not result.needs_fallback:
                 return result
             tried.append(result)
-    whole = [r for r in tried if not r.ran_away]
-    best = max(whole or tried, key=lambda r: r.avg_logprob)
+    whole = [r for r in tried if not r.ran_away] or tried
+    longest = max(map(_letters, whole))
+    read = [r for r in whole if r.stop != "repetition" or _letters(r) >= LOOP_READ_SHARE * longest]
+    best = max(read, key=lambda r: r.avg_logprob)
     return dataclasses.replace(best, temperature=tried[-1].temperature)
+
+
+def _letters(result: DecodingResult) -> int:
+    return sum(c.isalnum() for c in result.text)
 
 
 def _decode_ladder(bundle: ModelBundle, features: torch.Tensor,
