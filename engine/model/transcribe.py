@@ -39,7 +39,7 @@ from engine.words import Segment, aligned_words, mark_segments, split_segments
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 # when every temperature fails, a decode stopped at a repeat competes if what it read before
 # the repeat spells at least this share of the longest decode's letters (`decode_with_fallback`)
-LOOP_READ_SHARE = 0.75
+LOOP_READ_SHARE = 0.5
 INPUT_STRIDE = 2  # mel frames per encoder position (and per timestamp step)
 VAD_THRESHOLD = EngineConfig.vad_threshold
 TAIL_MS = 500  # a window that ends at a long silence keeps this much of it
