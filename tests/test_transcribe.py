@@ -236,11 +236,10 @@ def tokenizer_words(tokenizer, tokens: list[int], n: int) -> list[int]:
     return text
 
 
-def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is_kept(monkeypatch):
-    """Hard audio fails the log-probability check at every temperature: the decode kept is
-    the likeliest that is no runaway (not the hottest, sounds spelled as made-up words; one
-    stopped at a repeat competes, its copies dropped), marked with the last temperature so
-    that its text is no prompt; a budget overrun is kept only if all overran."""
+def every_temperature_failing(monkeypatch, changes: dict):
+    """Decodes of a 3 s window of speech, each 3 lower in mean log-probability (every
+    temperature fails), those of the temperatures in `changes` changed so -> (bundle,
+    features, the decodes tried, the decode function patched in)."""
     import dataclasses
 
     from engine.model import transcribe as transcribe_module
@@ -254,14 +253,27 @@ def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is
     def unsure(model_, tokenizer_, features_, options, suppress, cross=None):
         result = decode(model_, tokenizer_, features_, options, suppress, cross)
         result = dataclasses.replace(result, avg_logprob=result.avg_logprob - 3.0)
-        if options.temperature == 0.4:  # the likeliest of all, but ran past its budget
-            result = dataclasses.replace(result, avg_logprob=-1.01, stop="budget")
-        if options.temperature == 0.6:  # stopped at a repeat: the likeliest of the rest
-            result = dataclasses.replace(result, avg_logprob=-1.5, stop="repetition")
+        result = changes.get(options.temperature, lambda r: r)(result)
         tried.append(result)
         return result
 
     monkeypatch.setattr(transcribe_module, "decode_batch", per_row(unsure))
+    return b, features, tried, unsure
+
+
+def test_when_every_temperature_fails_the_likeliest_decode_that_is_no_runaway_is_kept(monkeypatch):
+    """Hard audio fails the log-probability check at every temperature: the decode kept is
+    the likeliest that is no runaway (not the hottest, sounds spelled as made-up words; one
+    stopped at a repeat competes, its copies dropped), marked with the last temperature so
+    that its text is no prompt; a budget overrun is kept only if all overran."""
+    import dataclasses
+
+    from engine.model import transcribe as transcribe_module
+
+    b, features, tried, unsure = every_temperature_failing(monkeypatch, {
+        0.4: lambda r: dataclasses.replace(r, avg_logprob=-1.01, stop="budget"),  # likeliest: a runaway
+        0.6: lambda r: dataclasses.replace(r, avg_logprob=-1.5, stop="repetition"),  # then this one
+    })
     result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
     assert [r.temperature for r in tried] == list(transcribe_module.TEMPERATURES)
     assert all(r.needs_fallback for r in tried)
@@ -291,25 +303,14 @@ def test_when_every_temperature_fails_a_loop_that_began_at_once_is_not_kept(monk
     import dataclasses
 
     from engine.model import transcribe as transcribe_module
-    from engine.model.decoding import decode
-    from tests.test_model import window_mel
 
-    b = bundle()
-    features = b.model.encoder(window_mel("0880").to(b.model.device, b.model.dtype))
-    tried = []
-
-    def unsure(model_, tokenizer_, features_, options, suppress, cross=None):
-        result = decode(model_, tokenizer_, features_, options, suppress, cross)
-        result = dataclasses.replace(result, avg_logprob=result.avg_logprob - 3.0)
-        if options.temperature == 0.4:  # the likeliest of all: one word, then a repeat
-            first = result.text.split()[0]
-            result = dataclasses.replace(result, text=" " + first, avg_logprob=-1.01, stop="repetition")
-        if options.temperature == 0.6:  # read the window, then repeated itself: the likeliest of the rest
-            result = dataclasses.replace(result, avg_logprob=-1.5, stop="repetition")
-        tried.append(result)
-        return result
-
-    monkeypatch.setattr(transcribe_module, "decode_batch", per_row(unsure))
+    b, features, tried, _ = every_temperature_failing(monkeypatch, {
+        # the likeliest of all: one word, then a repeat
+        0.4: lambda r: dataclasses.replace(r, text=" " + r.text.split()[0], avg_logprob=-1.01,
+                                           stop="repetition"),
+        # read the window, then repeated itself: the likeliest of the rest
+        0.6: lambda r: dataclasses.replace(r, avg_logprob=-1.5, stop="repetition"),
+    })
     result = transcribe_module.decode_with_fallback(b, features, [], 3.0)
     assert all(r.needs_fallback for r in tried)
     loop = next(r for r in tried if r.temperature == 0.4)
