@@ -31,6 +31,9 @@ NO_SPEECH_THRESHOLD = 0.6
 MAX_PROMPT_TOKENS = 223  # n_text_ctx // 2 - 1
 MIN_COPIED_WORDS = 3  # a shorter segment said again is no sign of copying ("Yes. Yes.")
 COPIED_OPENING_WORDS = 5  # a decode opening with a prompt sentence's first words this many copies it
+# a sentence's end inside a segment's text, where another sentence follows it
+SENTENCE_END = re.compile(r"[.!?]+\s+(?=\S)")
+TITLES = frozenset({"mr", "mrs", "ms", "dr", "st", "mt", "jr", "sr", "prof", "vs"})  # "Mr." ends no sentence
 
 
 @dataclass
@@ -102,38 +105,57 @@ class DecodingResult:
         return self.no_speech_prob > NO_SPEECH_THRESHOLD and self.avg_logprob < LOGPROB_THRESHOLD
 
 
-def _segment_words(tokenizer: Tokenizer, tokens: list[int]) -> list[str]:
-    return re.findall(r"[a-z0-9']+", tokenizer.decode(tokens).lower())
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
 
 
-def _segments(tokenizer: Tokenizer, tokens: list[int]) -> Iterator[list[str]]:
-    """The words of each segment of a decode or prompt (its text between timestamps), one at
-    a time: a caller that wants the first decodes no more."""
+def _segments(tokenizer: Tokenizer, tokens: list[int]) -> Iterator[str]:
+    """The text of each segment of a decode or prompt (between timestamps), one at a time:
+    a caller that wants the first decodes no more."""
     text: list[int] = []
     for t in tokens:
         if t < tokenizer.timestamp_begin:
             text.append(t)
         elif text:
-            yield _segment_words(tokenizer, text)
+            yield tokenizer.decode(text)
             text = []
     if text:
-        yield _segment_words(tokenizer, text)
+        yield tokenizer.decode(text)
+
+
+def _first_sentence(text: str, followed: bool = False) -> list[str]:
+    """The words of a segment's first sentence (to its first end mark not after a title);
+    with `followed`, [] unless another sentence follows it in the segment."""
+    for end in SENTENCE_END.finditer(text):
+        words = _words(text[: end.start()])
+        if words and words[-1] not in TITLES:
+            return words
+    return [] if followed else _words(text)
 
 
 def copies_prompt(tokenizer: Tokenizer, tokens: list[int], prompt: list[int]) -> bool:
     """Whether a decode opens with one of the prompt's segments (its sentences), word for
-    word, or with the first COPIED_OPENING_WORDS words of one: the decoder copying the text
-    before the window instead of hearing the window. Long-form prompts invite it, the last
-    sentence most, but not only (under white noise a decode read a session's first sentence
-    again over its fourth, and the next its opening and made-up words after it); a sentence
-    said again within a prompt's reach is rare, and decoding again without the prompt gives
-    it back if it was said."""
-    first = next(_segments(tokenizer, tokens), [])
-    if len(first) < MIN_COPIED_WORDS:
-        return False
-    return any(first == said or (len(said) >= COPIED_OPENING_WORDS
-                                 and first[:COPIED_OPENING_WORDS] == said[:COPIED_OPENING_WORDS])
-               for said in _segments(tokenizer, prompt))
+    word, or with the first COPIED_OPENING_WORDS words of one, or opens any of its segments
+    with a short sentence that opens one of the prompt's: the decoder copying the text before
+    the window instead of hearing the window. Long-form prompts invite it, the last sentence
+    most, but not only (under white noise a decode read a session's first sentence again over
+    its fourth, and the next its opening and made-up words after it); a sentence said again
+    within a prompt's reach is rare, and decoding again without the prompt gives it back if it
+    was said. A short sentence is a copy only where the segment goes on after it: in a
+    reverberant room a sentence's onset was read "M." once, and every segment after it opened
+    "M. ..." ("M. I'm a middle of spring" for "In the middle of spring"), the prompt's habit,
+    not the audio's; a short sentence read alone ("Yes. Yes.") is no sign."""
+    segments = list(_segments(tokenizer, tokens))
+    said = [(_words(text), _first_sentence(text)) for text in _segments(tokenizer, prompt)]
+    first = _words(segments[0]) if segments else []
+    if len(first) >= MIN_COPIED_WORDS and any(
+            first == words or (len(words) >= COPIED_OPENING_WORDS
+                               and first[:COPIED_OPENING_WORDS] == words[:COPIED_OPENING_WORDS])
+            for words, _ in said):
+        return True
+    openings = [_first_sentence(text, followed=True) for text in segments]
+    return any(0 < len(opening) < MIN_COPIED_WORDS and opening == sentence
+               for opening in openings for _, sentence in said)
 
 
 def compression_ratio(text: str) -> float:
