@@ -217,6 +217,48 @@ def test_a_decode_that_copies_a_prompts_sentence_is_done_again_without_it(monkey
     assert result.tokens == said["0880"]
 
 
+def spelled(tokenizer, text: str) -> list[int]:
+    """`text` as tokens, each piece the longest the vocabulary spells (a test's own encoder:
+    the engine only decodes)."""
+    vocab = {tokenizer.decode([i]): i for i in range(tokenizer.eot)}
+    tokens, at = [], 0
+    while at < len(text):
+        end = max(e for e in range(at + 1, len(text) + 1) if text[at:e] in vocab)
+        tokens.append(vocab[text[at:end]])
+        at = end
+    return tokens
+
+
+def test_a_short_sentence_the_prompt_opens_its_segments_with_is_a_copy_where_one_goes_on_after_it():
+    """A segment that opens with a short sentence that opens one of the prompt's segments,
+    and goes on after it, copies the prompt's habit (read once at a reverberant onset, "M."
+    opened every later segment); a title ends no sentence, and a short sentence read alone,
+    or another one, is no copy."""
+    from engine.model.decoding import copies_prompt
+
+    tokenizer = bundle().tokenizer
+    ts = tokenizer.timestamp_begin
+
+    def segments(*texts: str) -> list[int]:
+        out = [ts]
+        for k, text in enumerate(texts, 1):
+            out += spelled(tokenizer, text) + [ts + 50 * k]
+        return out
+
+    prompt = segments(" M. Shaped below, put it on a tray.", " Let it cool before you cut it.")
+    assert tokenizer.decode(prompt[1:-1]).startswith(" M. Shaped below")
+    assert copies_prompt(tokenizer, segments(" M. My grandmother spent every afternoon."), prompt)
+    assert copies_prompt(tokenizer, segments(" The morning train left the station.",
+                                             " M. Mr. John Dashwood had leisure."), prompt)  # any segment
+    assert not copies_prompt(tokenizer, segments(" The morning train left the station."), prompt)
+    assert not copies_prompt(tokenizer, segments(" M.", " The morning train left."), prompt)  # alone
+    assert not copies_prompt(tokenizer, segments(" Yes. The morning train left."), prompt)
+    titled = segments(" Mr. Palmer came in late.")
+    assert not copies_prompt(tokenizer, segments(" Mr. John Dashwood had leisure."), titled)
+    assert copies_prompt(tokenizer, segments(" Yes. Mr. John Dashwood had leisure."),
+                         segments(" Yes. Mr. Palmer came in late."))
+
+
 def per_row(decode_one):
     """A `decode_batch` that decodes each row alone with `decode_one` (model, tokenizer,
     features, options, suppress, cross), as a stand-in decoder reads it."""
