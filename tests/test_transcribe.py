@@ -217,10 +217,9 @@ def test_a_decode_that_copies_a_prompts_sentence_is_done_again_without_it(monkey
     assert result.tokens == said["0880"]
 
 
-def spelled(tokenizer, text: str) -> list[int]:
-    """`text` as tokens, each piece the longest the vocabulary spells (a test's own encoder:
-    the engine only decodes)."""
-    vocab = {tokenizer.decode([i]): i for i in range(tokenizer.eot)}
+def spelled(vocab: dict[str, int], text: str) -> list[int]:
+    """`text` as tokens, each piece the longest the vocabulary (each text token's text -> the
+    token) spells: a test's own encoder, the engine only decodes."""
     tokens, at = [], 0
     while at < len(text):
         end = max(e for e in range(at + 1, len(text) + 1) if text[at:e] in vocab)
@@ -238,11 +237,12 @@ def test_a_short_sentence_the_prompt_opens_its_segments_with_is_a_copy_where_one
 
     tokenizer = bundle().tokenizer
     ts = tokenizer.timestamp_begin
+    vocab = {tokenizer.decode([i]): i for i in range(tokenizer.eot)}
 
     def segments(*texts: str) -> list[int]:
         out = [ts]
         for k, text in enumerate(texts, 1):
-            out += spelled(tokenizer, text) + [ts + 50 * k]
+            out += spelled(vocab, text) + [ts + 50 * k]
         return out
 
     prompt = segments(" M. Shaped below, put it on a tray.", " Let it cool before you cut it.")

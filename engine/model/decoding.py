@@ -20,7 +20,7 @@ from torch import Tensor
 from engine.model.tokenizer import Tokenizer
 from engine.model.whisper import Whisper
 from engine.timeline import TIME_PRECISION
-from engine.words import shift_timestamps
+from engine.words import SENTENCE_ENDS, shift_timestamps
 
 TOKENS_PER_SECOND = 8  # decoding budget per second of audio (speech is ~3-5 text tokens/s)
 MIN_TOKEN_BUDGET = 12
@@ -32,7 +32,7 @@ MAX_PROMPT_TOKENS = 223  # n_text_ctx // 2 - 1
 MIN_COPIED_WORDS = 3  # a shorter segment said again is no sign of copying ("Yes. Yes.")
 COPIED_OPENING_WORDS = 5  # a decode opening with a prompt sentence's first words this many copies it
 # a sentence's end inside a segment's text, where another sentence follows it
-SENTENCE_END = re.compile(r"[.!?]+\s+(?=\S)")
+SENTENCE_END = re.compile(f"[{re.escape(''.join(SENTENCE_ENDS))}]+\\s+(?=\\S)")
 TITLES = frozenset({"mr", "mrs", "ms", "dr", "st", "mt", "jr", "sr", "prof", "vs"})  # "Mr." ends no sentence
 
 
