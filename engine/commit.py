@@ -33,7 +33,9 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   our hands across the"). So is every live final of a talker whom the finals after two of
   their last eight pauses read going on with the sentence (`PauseHabit`); the final after
   such a hold that reads the held pause as a sentence's end commits the held words and
-  holds only the new utterance.
+  holds only the new utterance. One that reads none of seconds of speech after the held
+  words commits them as it read them and is retried from their end, as any final that ends
+  short of speech is: held again, that speech would be read a final later, in a long window.
 - A partial commits what two consecutive decodes agree on (LocalAgreement-2); with
   endpointing, only once `agree_after_ms` of audio wait uncommitted: pauses commit sooner.
   A decode Whisper's fallback rule fails counts for nothing: two decodes of one loop agree on
@@ -201,6 +203,16 @@ def retries(facts: WindowFacts, committed_end: int, unread: Unread, passed_over:
     if not may_retry(facts, committed_end):
         return False
     return passed_over or unread.speech_ms >= RETRY_SPEECH_MS or unread.utterance_ms >= RETRY_UTTERANCE_MS
+
+
+def done_with_hold(facts: WindowFacts, held_end: int, unread: Unread) -> bool:
+    """Whether the final after a hold, whose decode read nothing past the held words (they
+    end at `held_end`, positions), is done with them: seconds of VAD speech follow them
+    unread (`unread`), a second or more into the window, as would make any final retry. A
+    short utterance unread at the window's end (a hesitant talker's "Scientists", 0.7 s) is
+    read with the next one, the held words before it; seconds of speech the decoder passed
+    over are read alone."""
+    return may_retry(facts, held_end) and unread.speech_ms >= RETRY_SPEECH_MS
 
 
 def doubted(new_logprob: float | None, num_words: int) -> bool:

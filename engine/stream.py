@@ -474,15 +474,16 @@ class Stream:
         redo = passed_over and may_retry
         # where the speech after the last final's pause starts, if this final reads it ended a sentence
         ended = self._read_pause(words, facts.start) if live_final and not (reread or passed_over) else None
-        # no speech came after the held words' pause: this final is theirs (`_track_speech`)
+        # held words are done where no speech came after them, or this final read none of seconds of it
         last_word = self.held is not None and request.last_speech_end <= self.held[0]
+        moved = live_final and not (reread or passed_over or last_word) and self._done_with_hold(facts, words)
         ended = ended if self.held is not None else None  # (only held words wait to be done)
         new = self._reading(facts, new, reread, sureness, copied)
         # the held words before a pause read as a sentence's end are done
         done = 0 if ended is None or last_word else sum(w.start_ms < ended for w in new)
         # a reading that stops inside a sentence waits for the rest of it (a hold's release too),
         # as every reading of a talker who pauses inside sentences does
-        hold = unsure or (live_final and not (doubt or redo or last_word) and done < len(new)
+        hold = unsure or (live_final and not (doubt or redo or last_word or moved) and done < len(new)
                           and commit.unfinished(facts, new[-1].ends_open or self.habit.inside_sentences))
         if doubt:  # read again from the last final's end, the window kept for the finals after
             self.doubt = (facts.end, new, sureness, copied)
@@ -659,6 +660,23 @@ class Stream:
         read_on = commit.reads_on(before, words[after], self.forced(start, preview=False) > 0)
         self.habit.observe(read_on)
         return None if read_on else words[after].start_ms
+
+    def _done_with_hold(self, facts: commit.WindowFacts, words: list[Word]) -> bool:
+        """Whether the final after a hold (its decode of the window, `words`) read the held
+        words again and ended there, reading none of the seconds of speech the VAD heard after
+        them (`commit.done_with_hold`). Held again, that speech would wait for the next
+        utterance and be read in a window grown long, after the held words (a far talker after
+        a near one: 3 s of quiet speech past the near talker's held sentence, read as "Do it" a
+        final later); the held words are done with this reading, and the final is retried from
+        their end, as any final that ends before seconds of speech is (`commit.retries`). (No
+        speech after them at all: the final is theirs, `_track_speech`.)"""
+        if self.held is None or not self.held[1] or not words:
+            return False
+        last, held = words[-1], self.held[1][-1]
+        if last.key != held.key or abs(last.end_ms - held.end_ms) >= REREAD_SLACK_MS:
+            return False  # (it read on past them, or passed over them)
+        unread = self._unread(last.end_ms, facts.end)
+        return commit.done_with_hold(facts, ms_to_positions(last.end_ms), unread)
 
     def _reading(self, facts: commit.WindowFacts, new: list[Word], reread: bool, sureness: float | None,
                  copied: int) -> list[Word]:

@@ -868,6 +868,46 @@ def test_a_final_after_a_hold_that_again_stops_inside_the_sentence_holds_again()
     assert not Scheduler.final_due(request)
 
 
+@pytest.mark.parametrize("unread_ms, again, done", [
+    (3_000, "Carrying our boots across the.", True), (1_900, "Carrying our boots across the.", False),
+    (700, "Carrying our boots across the.", False),
+    (3_000, "Carrying our", False)])  # (two words stretched over the held speech: read nothing)
+def test_a_final_after_a_hold_that_reads_no_seconds_of_speech_after_it_commits_the_held_words_and_retries(
+        unread_ms, again, done):
+    """The final after a hold may end its text at the held words, reading none of the speech
+    after them (a far talker 40 dB under a near one, 3 s of a sentence unread). Held again,
+    that speech would be read only a final later, in a window grown long, after the held
+    words ("Do it" for "By the middle of spring the garden was full of life again."). The
+    held words are done with this reading, and the final is retried from their end: the
+    speech is read alone, and committed. A short utterance unread at the window's end (a
+    hesitant talker's "Scientists") waits with the held words for the next one, and so do
+    held words a decode did not read again (its words stretched over their speech)."""
+    stream = speech_stream([(0, 4_000), (5_000, 7_000), (8_000, 8_000 + unread_ms)], seconds=12)
+    request = stream.request
+    request.num_decoded_positions = request.endpoints[0]
+    first = read("We started the climb before dawn.", 400, 600, -0.1)  # to 4.0 s
+    assert len(stream.apply(WindowResult("s", first, final=True)).committed) == 6
+    request.num_decoded_positions = request.endpoints[0]
+    second = read("Carrying our boots across the", 5_000, 400, -0.1)  # to 7.0 s
+    assert stream.apply(WindowResult("s", first + second, final=True)).committed == []
+    assert stream.held is not None
+    pause = request.num_decoded_positions = request.endpoints[0]  # after the unread speech
+    again = read(again, 5_000, 2_000 // len(again.split()), -0.1)  # to 7.0 s
+    out = stream.apply(WindowResult("s", first + again, final=True))
+    if not done:
+        assert out.committed == [] and stream.held is not None and not Scheduler.final_due(request)
+        return
+    assert [w.text for w in out.committed] == [w.text for w in again] and stream.held is None
+    assert Scheduler.final_due(request)  # the retry, from the held words' end
+    window = Scheduler()._window(request, partial=False)
+    assert ms_to_positions(6_900) <= window.window_start < ms_to_positions(8_000)
+    assert window.window_end == pause
+    request.num_decoded_positions = pause
+    rest = read("Hands across the cold stream.", 8_000, 600, -0.1)
+    out = stream.apply(WindowResult("s", rest, final=True))
+    assert [w.text for w in out.committed] == [w.text for w in rest] and not Scheduler.final_due(request)
+
+
 @pytest.mark.parametrize("text, flushed, length, held", [
     (" the", False, 500, True), (" Of.", False, 500, True), (" ago...", False, 500, True),
     (" said,\"", False, 500, True), (" fly.", False, 500, False), (" on", False, 500, False),
