@@ -79,6 +79,12 @@ class EngineOutput:
         return self.flushed_ms is not None
 
 
+def _read_again(word: Word, before: Word) -> bool:
+    """Whether `word` of a decode is `before`, a word a decode before read, read again at its
+    place (`REREAD_SLACK_MS`)."""
+    return word.key == before.key and abs(word.end_ms - before.end_ms) < REREAD_SLACK_MS
+
+
 def hash_key(model_id: str, item_samples: int) -> bytes:
     """The key of item content hashes: an item's features depend on these too."""
     params = f"{model_id}:{item_samples}"
@@ -654,8 +660,7 @@ class Stream:
         self.pause_word = None
         if words[after].start_ms - word.end_ms >= LONG_SILENCE_MS:  # a talker who stopped
             return None
-        before = next((w for w in reversed(words[:after]) if w.key == word.key
-                       and abs(w.end_ms - word.end_ms) < REREAD_SLACK_MS), None)
+        before = next((w for w in reversed(words[:after]) if _read_again(w, word)), None)
         # (a kept sentence taken as given has the mark the final before read)
         read_on = commit.reads_on(before, words[after], self.forced(start, preview=False) > 0)
         self.habit.observe(read_on)
@@ -670,10 +675,10 @@ class Stream:
         final later); the held words are done with this reading, and the final is retried from
         their end, as any final that ends before seconds of speech is (`commit.retries`). (No
         speech after them at all: the final is theirs, `_track_speech`.)"""
-        if self.held is None or not self.held[1] or not words:
+        if self.held is None or not words:
             return False
-        last, held = words[-1], self.held[1][-1]
-        if last.key != held.key or abs(last.end_ms - held.end_ms) >= REREAD_SLACK_MS:
+        last = words[-1]
+        if not _read_again(last, self.held[1][-1]):
             return False  # (it read on past them, or passed over them)
         unread = self._unread(last.end_ms, facts.end)
         return commit.done_with_hold(facts, ms_to_positions(last.end_ms), unread)
