@@ -18,7 +18,8 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
 - A live final whose new words the decoder read unsure (their tokens' mean log-probability
   under DOUBT_LOGPROB), with committed utterances before them in its window as context, is
   read again from the last final's end (the window stays as it is), and the surer of the two
-  readings is committed. The utterance before is the context that reads the next one's first
+  readings is committed (of a decode Whisper's fallback rule fails and one it passes, the
+  latter). The utterance before is the context that reads the next one's first
   words best when one talker goes on, and worst after a change of voice or of room; which,
   the decoder's certainty tells (docs/evaluation.md, A second reading).
 - A live final read unsure with nothing committed before it in its window (a session's first

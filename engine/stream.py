@@ -170,7 +170,7 @@ class Stream:
         # a live final's new words read unsure after context, or copying it: (window end, the
         # words, their mean token log-probability, how many are a copy), until the final read
         # again without it (`request.reread_start`, commit.doubted, commit.copied_words)
-        self.doubt: tuple[int, list[Word], float | None, int] | None = None
+        self.doubt: tuple[int, list[Word], float | None, int, bool] | None = None
         # (the end, the words) of a live final read unsure with no context before it, whose
         # words wait uncommitted for the next final of the window (commit.held)
         self.held: tuple[int, list[Word]] | None = None
@@ -492,7 +492,7 @@ class Stream:
         hold = unsure or (live_final and not (doubt or redo or last_word or moved) and done < len(new)
                           and commit.unfinished(facts, new[-1].ends_open or self.habit.inside_sentences))
         if doubt:  # read again from the last final's end, the window kept for the finals after
-            self.doubt = (facts.end, new, sureness, copied)
+            self.doubt = (facts.end, new, sureness, copied, facts.failed)
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         elif hold:  # read again with the next utterance, from the window's start
@@ -696,10 +696,15 @@ class Stream:
         """A final read again without its context (`self.doubt`) to `second`, of mean
         log-probability `sureness`, `copied` of its words a copy -> the surer reading's words
         (both start past the committed words), when both read the same audio; the doubt is
-        done with either way."""
+        done with either way. Of two decodes one of which Whisper's fallback rule fails at
+        every temperature (`WindowResult.failed`), the other is kept, however its new words
+        compare: a second reading sampled hot whose words rated surer than the greedy first's
+        ("they don't go off." for "The angle of ...") is the decoder giving up on the speech."""
         assert self.doubt is not None
-        end, first, logprob, first_copied = self.doubt
+        end, first, logprob, first_copied, first_failed = self.doubt
         self.doubt = None
+        if end == facts.end and first_failed != facts.failed:
+            return second if first_failed else first
         if end != facts.end or not commit.surer((logprob, [w.key for w in first], first_copied),
                                                 (sureness, [w.key for w in second], copied)):
             return second

@@ -551,21 +551,27 @@ def first_utterance_committed() -> tuple[Stream, list[Word]]:
     return stream, first
 
 
-@pytest.mark.parametrize("second_text, second_logprob, keep_second", [
-    ("then shape the loaf", -0.1, True),  # surer
-    ("then shape the loaf", -1.5, False),  # less sure
-    ("the loaf", -0.1, False),  # surer, but it passed over some of the speech
+@pytest.mark.parametrize("second_text, second_logprob, failed, keep_second", [
+    ("then shape the loaf", -0.1, (False, False), True),  # surer
+    ("then shape the loaf", -1.5, (False, False), False),  # less sure
+    ("the loaf", -0.1, (False, False), False),  # surer, but it passed over some of the speech
     # more words, as many letters: the speech split into short words, and less sure
-    ("then sh ape the lo af", 2 * DOUBT_LOGPROB - 0.2, False)])
+    ("then sh ape the lo af", 2 * DOUBT_LOGPROB - 0.2, (False, False), False),
+    # one of the two decodes failed at every temperature: the other, however they compare
+    ("then shape the loaf", -0.1, (False, True), False),
+    ("then shape the loaf", -1.5, (True, False), True),
+    ("then shape the loaf", -0.1, (True, True), True)])
 def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_surer_kept(
-        second_text, second_logprob, keep_second):
+        second_text, second_logprob, failed, keep_second):
     """The utterance before a final, in its window as context, reads the next one's first
     words best when one talker goes on, and worst after a change of voice ("Men shape the
     loaf" for "Then shape the loaf"). A live final whose new words the decoder read unsure
     after committed words commits nothing at first (its words are shown), is decoded again
     from the last final's end, and the surer of the two readings is committed; the window
     keeps its context for the finals after it. The second reading starts past the committed
-    words: a word of their tail in it ("the") is no repeat of them to trim at."""
+    words: a word of their tail in it ("the") is no repeat of them to trim at. A decode that
+    Whisper's fallback rule fails at every temperature loses to one it passes (`failed`: the
+    first reading's, the second's)."""
     stream, first = first_utterance_committed()
     request = stream.request
     assert request.window_start == 0  # a short final stays in the window as context
@@ -573,14 +579,14 @@ def test_a_final_read_unsure_after_its_context_is_read_again_without_it_and_the_
     request.num_decoded_positions = ms_to_positions(9_400)
     request.endpoints.append(ms_to_positions(9_400))
     unsure = read("men shape the loaf", 5_000, 900, 2 * DOUBT_LOGPROB)
-    out = stream.apply(WindowResult("s", first + unsure, final=True))
+    out = stream.apply(WindowResult("s", first + unsure, final=True, failed=failed[0]))
     assert out.committed == [] and [w.text for w in out.tentative] == [w.text for w in unsure]
     assert request.window_start == 0 and Scheduler.final_due(request)
     window = Scheduler()._window(request, partial=False)  # the second reading's window
     assert window.window_start == AFTER_FIRST and window.final
 
     again = read(second_text, 5_000, min(900, 3_600 // len(second_text.split())), second_logprob)
-    out = stream.apply(WindowResult("s", again, final=True))
+    out = stream.apply(WindowResult("s", again, final=True, failed=failed[1]))
     kept = again if keep_second else unsure
     assert [w.text for w in out.committed] == [w.text for w in kept]
     assert not Scheduler.final_due(request) and stream.doubt is None and request.reread_start is None
