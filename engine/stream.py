@@ -168,8 +168,9 @@ class Stream:
         self.kept: tuple[int, int] | None = None
         self.split = (-1, 0)  # (window start, end) of the last final ended early at skipped speech
         # a live final's new words read unsure after context, or copying it: (window end, the
-        # words, their mean token log-probability, how many are a copy), until the final read
-        # again without it (`request.reread_start`, commit.doubted, commit.copied_words)
+        # words, their mean token log-probability, how many are a copy, whether its decode
+        # failed), until the final read again without it (`request.reread_start`,
+        # commit.doubted, commit.copied_words)
         self.doubt: tuple[int, list[Word], float | None, int, bool] | None = None
         # (the end, the words) of a live final read unsure with no context before it, whose
         # words wait uncommitted for the next final of the window (commit.held)
