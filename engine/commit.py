@@ -290,19 +290,28 @@ def copied_words(keys: list[str], num_new: int) -> int:
     return copied
 
 
-def surer(first: tuple[float | None, list[str], int], second: tuple[float | None, list[str], int]) -> bool:
+Reading = tuple[float | None, list[str], int, bool]
+
+
+def surer(first: Reading, second: Reading) -> bool:
     """Whether the first of two readings of the same speech, each (its mean token
-    log-probability, its words' keys, how many of them are a copy: `copied_words`), is the
-    one to keep. One that copies loses to one that does not (under babble, "The middle of
-    the dream that London was full of life again." said again for the next sentence; speech
-    that does repeat, read alone, is no copy in the reading without context). Else, counted
+    log-probability, its words' keys, how many of them are a copy: `copied_words`, whether
+    Whisper's fallback rule failed its decode at every temperature), is the one to keep. One
+    whose decode failed loses to one whose decode passed, however their words compare (a
+    second reading sampled hot, "they don't go off.", rated surer than the greedy first's "The
+    angle of ...": the decoder giving up on the speech). Else one that copies loses to one
+    that does not (under babble, "The middle of the dream that London was full of life
+    again." said again for the next sentence; speech that does repeat, read alone, is no copy
+    in the reading without context). Else, counted
     without their copies: the surer, unless it spells under SHORT_READING of the other's
     letters (a decode that passed over some of the speech and read the rest surely: "no hand
     in cross and cold stream." for "We started the climb before dawn, carrying our boots in
     our hands across the cold stream."). Letters, not words: a reading that garbles speech
     splits it into more, shorter words ("ski stay the way it comes" for "he stayed awake").
     """
-    (p1, keys1, c1), (p2, keys2, c2) = first, second
+    (p1, keys1, c1, f1), (p2, keys2, c2, f2) = first, second
+    if f1 != f2:
+        return f2
     if (c1 > 0) != (c2 > 0):
         return c2 > 0
     n1, n2 = _letters(keys1, c1), _letters(keys2, c2)

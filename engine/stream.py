@@ -697,17 +697,13 @@ class Stream:
         """A final read again without its context (`self.doubt`) to `second`, of mean
         log-probability `sureness`, `copied` of its words a copy -> the surer reading's words
         (both start past the committed words), when both read the same audio; the doubt is
-        done with either way. Of two decodes one of which Whisper's fallback rule fails at
-        every temperature (`WindowResult.failed`), the other is kept, however its new words
-        compare: a second reading sampled hot whose words rated surer than the greedy first's
-        ("they don't go off." for "The angle of ...") is the decoder giving up on the speech."""
+        done with either way. (`facts.failed`: Whisper's fallback rule failed the second
+        reading's decode at every temperature.)"""
         assert self.doubt is not None
         end, first, logprob, first_copied, first_failed = self.doubt
         self.doubt = None
-        if end == facts.end and first_failed != facts.failed:
-            return second if first_failed else first
-        if end != facts.end or not commit.surer((logprob, [w.key for w in first], first_copied),
-                                                (sureness, [w.key for w in second], copied)):
+        if end != facts.end or not commit.surer((logprob, [w.key for w in first], first_copied, first_failed),
+                                                (sureness, [w.key for w in second], copied, facts.failed)):
             return second
         return first
 
