@@ -168,10 +168,9 @@ class Stream:
         self.kept: tuple[int, int] | None = None
         self.split = (-1, 0)  # (window start, end) of the last final ended early at skipped speech
         # a live final's new words read unsure after context, or copying it: (window end, the
-        # words, their mean token log-probability, how many are a copy, whether its decode
-        # failed), until the final read again without it (`request.reread_start`,
-        # commit.doubted, commit.copied_words)
-        self.doubt: tuple[int, list[Word], float | None, int, bool] | None = None
+        # words, their reading as commit.surer weighs it), until the final read again without
+        # it (`request.reread_start`, commit.doubted, commit.copied_words)
+        self.doubt: tuple[int, list[Word], commit.Reading] | None = None
         # (the end, the words) of a live final read unsure with no context before it, whose
         # words wait uncommitted for the next final of the window (commit.held)
         self.held: tuple[int, list[Word]] | None = None
@@ -493,7 +492,7 @@ class Stream:
         hold = unsure or (live_final and not (doubt or redo or last_word or moved) and done < len(new)
                           and commit.unfinished(facts, new[-1].ends_open or self.habit.inside_sentences))
         if doubt:  # read again from the last final's end, the window kept for the finals after
-            self.doubt = (facts.end, new, sureness, copied, facts.failed)
+            self.doubt = (facts.end, new, (sureness, [w.key for w in new], copied, facts.failed))
             request.reread_start = request.preview_start
             update = PolicyUpdate([], new)  # shown until the second reading
         elif hold:  # read again with the next utterance, from the window's start
@@ -700,10 +699,10 @@ class Stream:
         done with either way. (`facts.failed`: Whisper's fallback rule failed the second
         reading's decode at every temperature.)"""
         assert self.doubt is not None
-        end, first, logprob, first_copied, first_failed = self.doubt
+        end, first, reading = self.doubt
         self.doubt = None
-        if end != facts.end or not commit.surer((logprob, [w.key for w in first], first_copied, first_failed),
-                                                (sureness, [w.key for w in second], copied, facts.failed)):
+        if end != facts.end or not commit.surer(reading, (sureness, [w.key for w in second], copied,
+                                                          facts.failed)):
             return second
         return first
 
