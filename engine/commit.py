@@ -99,6 +99,9 @@ UNFINISHED_ROOM_POSITIONS = 10 * POSITIONS_PER_SECOND
 PAUSE_HABIT_PAUSES = 8
 PAUSE_HABIT_MIN = 2
 SHORT_READING = 0.75  # a reading with fewer letters than this share of the other's skipped speech
+# a hold's release whose words over the held words spell under this share of their letters
+# passed over them (`skips_held`; a garbled reading of a few words may spell a quarter fewer)
+SKIPPED_HELD = 0.5
 REPEAT_MIN_WORDS = 4  # a span this long said twice back to back is a copy (`copied_words`)
 FORCE_KEEP_POSITIONS = 5 * POSITIONS_PER_SECOND  # 250: a forced cut keeps the last 5 s
 # a long window is cut at the start of the committed words' unfinished sentence (or clause) if
@@ -318,6 +321,17 @@ def surer(first: Reading, second: Reading) -> bool:
     if p1 is None or n1 < SHORT_READING * n2:
         return False
     return p2 is None or n2 < SHORT_READING * n1 or p1 > p2
+
+
+def skips_held(held: list[str], release: list[str]) -> bool:
+    """Whether a hold's release, whose words that start before the held words end are
+    `release` (their keys), passed over speech the held reading `held` read: they spell under
+    SKIPPED_HELD of the held reading's letters, copies not counted. They are stretched over
+    the speech they skip, so no stretch of it goes unheard (`SpeechMap.unheard`): "himself."
+    over 2 s, then nothing, for 7 s held as "And Mr. John Dashwood had then leisure to consider
+    ..." (a recording that says the passage twice, its first saying in the prompt)."""
+    return _letters(release, copied_words(release, len(release))) < \
+        SKIPPED_HELD * _letters(held, copied_words(held, len(held)))
 
 
 def _letters(keys: list[str], copied: int) -> float:

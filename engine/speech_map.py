@@ -233,7 +233,10 @@ class SpeechMap:
         word before it ends or start_ms, where the word after it starts or end_ms). None:
         none. A word counts with WORD_SLACK_MS around it (aligned times are estimates), and a
         word of seconds for its edges only (the alignment stretches a word over speech the
-        text skipped)."""
+        text skipped). A stretch goes on past words that cover under half of the speech it left
+        out before them, and counts what it leaves out less what they cover: a skip's first
+        words are stamped inside it ("He" 2 s into 4 s of a sentence passed over, each side of
+        it under `min_ms`)."""
         spans, edge = [], LONG_WORD_EDGE_MS
         for w in words:
             if w.end_ms - w.start_ms > 2 * edge:
@@ -242,10 +245,19 @@ class SpeechMap:
                 spans.append((w.start_ms, w.end_ms))
         after = [start_ms] + [b + WORD_SLACK_MS for _, b in spans]  # where each gap begins
         before = [a - WORD_SLACK_MS for a, _ in spans] + [end_ms]  # and ends
+        left_out, first = 0, 0  # speech left out (less what words cover) since gap `first`
         for k, (lo, hi) in enumerate(zip(after, before, strict=True)):
             lo = max(lo, start_ms)  # words before start_ms (committed, read again) bound no hole
-            if hi - lo >= min_ms and self.speech_ms(lo, hi) >= min_ms:
-                begin = max(spans[k - 1][1], start_ms) if k else start_ms
+            if left_out:
+                a, b = spans[k - 1]
+                left_out -= self.speech_ms(max(a, start_ms), b)
+                if left_out < min_ms // 2:  # words that cover most of it end the stretch
+                    left_out = 0
+            if not left_out:
+                first = k
+            left_out += self.speech_ms(lo, hi) if hi > lo else 0
+            if left_out >= min_ms:
+                begin = max(spans[first - 1][1], start_ms) if first else start_ms
                 return begin, spans[k][0] if k < len(spans) else end_ms
         return None
 

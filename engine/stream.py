@@ -811,13 +811,18 @@ class Stream:
     def _release(self, facts: commit.WindowFacts, new: list[Word]) -> list[Word]:
         """The (live) final after a hold, its new words `new` -> the words it commits: those,
         and the held words not committed yet that lie in speech it passed over (all of them
-        where it read nothing). A decode that skips from the window's start is not read
-        better from there again (`_before_skip`); the held reading is one that read it."""
+        where it read nothing, or where its words that start before their end spell far fewer
+        letters: `commit.skips_held`, and then its words after them). A decode that skips from the
+        window's start is not read better from there again (`_before_skip`); the held reading
+        is one that read it."""
         assert self.held is not None
         held = [w for w in self.held[1] if w.end_ms > self.policy.committed_end_ms]
         self.held = None
-        if not new:
-            return held
+        if not new or not held:
+            return held or new
+        end_ms = held[-1].end_ms
+        if commit.skips_held([w.key for w in held], [w.key for w in new if w.start_ms < end_ms]):
+            return held + [w for w in new if w.start_ms >= end_ms and not _read_again(w, held[-1])]
         hole = self._skipped(facts, positions_to_ms(facts.end), new)
         if hole is None:
             return new

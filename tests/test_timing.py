@@ -120,6 +120,11 @@ def test_speech_map_finds_speech_the_words_leave_out_and_the_next_onset():
     # a word stretched over seconds covers only its edges
     stretched = Word(" of", first[-1].end_ms, 8100)
     assert speech.unheard(0, 12800, [*first, stretched, *last], 2000) == (3400, 7600)
+    # a word stamped inside the speech the words skip splits it into stretches of 1.3 and 1.0 s:
+    # together, less the speech the word covers, 2.2 s are left out
+    inside = Word(" he", 5600, 5700)
+    assert speech.unheard(0, 12800, [*first, inside, *last], 2000) == (first[-1].end_ms, 8100)
+    assert speech.unheard(0, 12800, [*first, *middle[:4], inside, *last], 2000) is None
     # from 6 s on (words before it committed, read again with the window): the gap before
     # `last` holds 1 s of speech since 6 s, not the 3 s since `first`; a gap after 6 s counts
     assert speech.unheard(6000, 12800, first + last, 2000) is None
