@@ -793,22 +793,27 @@ def test_a_release_skips_the_held_speech_when_it_spells_far_fewer_letters(held, 
     assert skips_held(held.split(), release.split()) is skips
 
 
-def test_a_hold_release_whose_words_stretch_over_the_held_speech_keeps_the_held_words():
-    """The final after a hold may pass over the held speech with its words stretched over it
-    ("himself." then "He" and "was" over seconds held as "And Mr. John Dashwood had then
-    leisure ..."): no stretch between them holds seconds of unheard speech, but they spell a
-    fraction of the held reading's letters. The held words are kept, and the release's words
-    after them."""
+def released(held: list[Word], release: list[Word]) -> tuple[Stream, EngineOutput]:
+    """A stream of two utterances (0-4 s, 5-9 s) whose first final read `held` unsure and held
+    it, and whose next final read `release` -> the stream and that final's output."""
     stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
     request = stream.request
     request.num_decoded_positions = request.endpoints[0]
-    first = read("and mister john dashwood had then", 400, 600, 2 * DOUBT_LOGPROB)  # to 4.0 s
-    assert stream.apply(WindowResult("s", first, final=True)).committed == []
+    assert stream.apply(WindowResult("s", held, final=True)).committed == []
     request.num_decoded_positions = request.endpoints[0]
+    return stream, stream.apply(WindowResult("s", release, final=True))
+
+
+def test_a_hold_release_whose_words_stretch_over_the_held_speech_keeps_the_held_words():
+    """The final after a hold may pass over the held speech with its words stretched over it
+    ("himself." then "He" 2 s later, where "And Mr. John Dashwood had then leisure ..." was
+    held): no stretch between them holds seconds of unheard speech, but they spell a fraction
+    of the held reading's letters. The held words are kept, and the release's words after them."""
+    first = read("and mister john dashwood had then", 400, 600, 2 * DOUBT_LOGPROB)  # to 4.0 s
     stretched = [Word(text, a, b, [0], logprob=-0.2)
                  for text, a, b in ((" himself.", 400, 1_400), (" He", 2_600, 2_900), (" was", 4_100, 5_400))]
     release = stretched + read("not an ill disposed young man", 5_400, 500, -0.2)
-    out = stream.apply(WindowResult("s", release, final=True))
+    stream, out = released(first, release)
     assert [w.text for w in out.committed] == [w.text for w in first + release[2:]]
     assert stream.held is None
 
@@ -817,14 +822,9 @@ def test_a_hold_release_that_reads_the_held_words_a_little_later_commits_its_own
     """A release's reading of the held words is timed anew: its last word over them may end
     after the held reading's (" conference." 0.3 s later); it is that word read again, not
     speech the release passed over, and is committed once."""
-    stream = speech_stream([(0, 4_000), (5_000, 9_000)], seconds=10)
-    request = stream.request
-    request.num_decoded_positions = request.endpoints[0]
     first = read("five to extend the conference.", 400, 600, 2 * DOUBT_LOGPROB)  # to 3.4 s
-    assert stream.apply(WindowResult("s", first, final=True)).committed == []
-    request.num_decoded_positions = request.endpoints[0]
     release = read("five to extend the", 400, 600, -0.2) + read("conference. seven or nine", 3_200, 700, -0.2)
-    out = stream.apply(WindowResult("s", release, final=True))
+    _, out = released(first, release)
     assert [(w.text, w.start_ms) for w in out.committed] == [(w.text, w.start_ms) for w in release]
 
 
