@@ -329,8 +329,10 @@ def skips_held(held: list[str], release: list[str]) -> bool:
     SKIPPED_HELD of the held reading's letters, copies not counted. They are stretched over
     the speech they skip, so no stretch of it goes unheard (`SpeechMap.unheard`): "himself."
     over 2 s, then nothing, for 7 s held as "And Mr. John Dashwood had then leisure to consider
-    ..." (a recording that says the passage twice, its first saying in the prompt)."""
-    return _letters(release, copied_words(release, len(release))) < \
+    ..." (a recording that says the passage twice, its first saying in the prompt). A release
+    that reads none of it leaves it to `SpeechMap.unheard`: the held reading may be of noise
+    ("Mhmm" five times over a noise the VAD took for speech, read as nothing after it)."""
+    return bool(release) and _letters(release, copied_words(release, len(release))) < \
         SKIPPED_HELD * _letters(held, copied_words(held, len(held)))
 
 

@@ -787,6 +787,7 @@ def test_the_final_after_a_hold_that_passes_over_the_held_utterance_commits_the_
     ("learning a new language", "learning a new language as", False),
     ("he stayed awake", "ski stay the way it comes", False),  # garbled: more, shorter words
     ("asteriskorg", "after the", False),  # garbled: a word for two, with more letters
+    ("mhmm mhmm mhmm mhmm mhmm", "", False),  # read as nothing: `unheard` decides
     ("going to bed at going to bed at the same time", "going to bed at the same time", False),  # a copy held
 ])
 def test_a_release_skips_the_held_speech_when_it_spells_far_fewer_letters(held, release, skips):
