@@ -11,6 +11,7 @@ import torch
 
 from app.config import ENV_PREFIX, ServerConfig, load_settings
 from engine.config import EngineConfig
+from engine.model.beam import BEAM_SIZE
 
 SERVE_FLAGS = ("host", "port", "api_key", "max_sessions", "idle_timeout_s", "data_dir", "drain_s")
 
@@ -39,6 +40,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from audio import load_audio
     from engine.model.transcribe import transcribe
 
+    if not 1 <= args.beam_size <= 16:
+        raise ValueError(f"--beam-size must be 1-16, got {args.beam_size}")
     bundle = _load(args, args.int8)
     status = 0
     for path in args.files:
@@ -49,7 +52,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             status = 1
             continue
         start = time.perf_counter()
-        result = transcribe(bundle, audio)
+        result = transcribe(bundle, audio, args.beam_size)
         elapsed = time.perf_counter() - start
         if args.json:
             out = {"file": str(path), **result.to_dict(), "compute_seconds": round(elapsed, 3)}
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("transcribe", help="transcribe audio files offline")
     p.add_argument("files", nargs="+", help="wav/flac/ogg files, any rate and channel count")
     p.add_argument("--json", action="store_true", help="one JSON object per file")
+    p.add_argument("--beam-size", type=int, default=BEAM_SIZE,
+                   help=f"beams of each window's decode (default: {BEAM_SIZE}; 1: greedy)")
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=None,
                    help="the encoder's linear layers on int8 weights (CPU; default: where the "
                         "CPU has no native bf16)")

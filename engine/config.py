@@ -37,6 +37,9 @@ class EngineConfig:
     # decoder position each, in every window, and past a few sentences more of them read no
     # better (docs/evaluation.md, The prompt's length)
     prompt_tokens: int = 100
+    # beams of a decode committed whole (a final, a file's window: engine.model.beam); partials
+    # stay greedy. 1: every decode greedy
+    beam_size: int = 5
     # -- scheduling
     decode_interval_ms: int = 1000  # new audio between two partial decodes of a session
     decode_only_speech: bool = True  # no decode of a window, or partial, without new speech
@@ -75,6 +78,8 @@ class EngineConfig:
         for name in ("encoder_budget_s", "encoder_cache_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 second, got {getattr(self, name)}")
+        if not 1 <= self.beam_size <= 16:
+            raise ValueError(f"beam_size must be 1-16, got {self.beam_size}")
         if not 0 <= self.prompt_tokens <= MAX_PROMPT_TOKENS:
             raise ValueError(f"prompt_tokens must be 0-{MAX_PROMPT_TOKENS}, got {self.prompt_tokens}")
         if not 0.0 < self.vad_threshold < 1.0:

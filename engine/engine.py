@@ -252,7 +252,8 @@ class Engine:
             draft = stream.draft(window.window_start, window.preview)
             inp.windows.append(WindowInput(window, pieces, prompt, draft,
                                            stream.forced(window.window_start, window.preview),
-                                           stream.may_commit(window), stream.heard_speech(window)))
+                                           stream.may_commit(window), stream.heard_speech(window),
+                                           self.config.beam_size))
         return StepInput(scheduled, inp)
 
     def execute(self, step: StepInput) -> RunnerOutput:

@@ -29,6 +29,7 @@ import torch
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from audio.mel import SILENCE_LOG_POWER, normalize_log_mel
 from engine.model import ModelBundle
+from engine.model.beam import decode_beam
 from engine.model.decoding import (
     DecodingCancelled,
     DecodingOptions,
@@ -60,6 +61,7 @@ class WindowInput:
     # spread over its words, enough for the tentative tail)
     timed: bool = True
     speech_heard: bool = False  # the VAD heard speech in its audio past the committed words
+    beam_size: int = 1  # the beams of its decode at temperature 0, if committed whole (decode_beam)
 
     @property
     def request_id(self) -> str:
@@ -263,8 +265,10 @@ class ModelRunner:
         try:
             decoded = decode_batch(self.model, tokenizer, features, options, suppress, stop, cross)
         except DecodingCancelled as e:
-            done = [d if d is not None and not (window.commits_whole and d.needs_fallback) else None
-                    for window, d in zip(windows, e.results, strict=True)]
+            # (a decode committed whole that needs another is decoded again in the next step)
+            again = [w.window.commits_whole and (d is None or d.needs_fallback or w.beam_size > 1)
+                     for w, d in zip(inputs, e.results, strict=True)]
+            done = [None if a else d for a, d in zip(again, e.results, strict=True)]
             starts = self.align(inputs, cross, done)
             return [self._window_result(window, d, s) if d is not None
                     else WindowResult(window.request_id, [], False, window.preview, cancelled=True,
@@ -281,22 +285,11 @@ class ModelRunner:
                     log.exception("decoding %s failed", window.request_id)
                     decoded.append(e)
         kept: list[DecodingResult | Exception] = []
-        for b, (window, opts, d) in enumerate(zip(windows, options, decoded, strict=True)):
-            if not (window.commits_whole and isinstance(d, DecodingResult)) or d.is_silence:
-                kept.append(d)
-                continue
-            # this decode is committed as is (no agreement check): as offline Whisper,
-            # re-decode a loop, a skip or a budget overrun at rising temperatures, and a copy
-            # of one of the prompt's sentences without the prompt
-            copied = copies_prompt(tokenizer, d.tokens, opts.prompt)
-            if d.needs_fallback or copied:
+        for b, (w, opts, d) in enumerate(zip(inputs, options, decoded, strict=True)):
+            if w.window.commits_whole and isinstance(d, DecodingResult) and not d.is_silence:
                 try:
-                    d = decode_with_fallback(self.bundle, features[b : b + 1],
-                                             [] if copied else opts.prompt, opts.audio_seconds,
-                                             TEMPERATURES if copied else TEMPERATURES[1:],
-                                             [(k[b : b + 1], v[b : b + 1]) for k, v in cross],
-                                             earlier=None if copied else d,
-                                             speech_heard=opts.speech_heard)
+                    d = self._decode_whole(w.beam_size, opts, d, features[b : b + 1],
+                                           [(k[b : b + 1], v[b : b + 1]) for k, v in cross])
                 except Exception as e:  # failed below, for this session alone
                     d = e
             kept.append(d)
@@ -336,6 +329,27 @@ class ModelRunner:
         for b, positions in zip(rows, found, strict=True):
             starts[b] = [positions_to_seconds(p) for p in positions.tolist()]
         return starts
+
+    def _decode_whole(self, beam_size: int, options: DecodingOptions, greedy: DecodingResult,
+                      features: torch.Tensor, cross: list[tuple[torch.Tensor, torch.Tensor]],
+                      ) -> DecodingResult:
+        """A window's decode that is committed as is (no agreement check), from its greedy
+        decode (the draft verified: cheap, and it tells silence): searched with `beam_size`
+        beams; then, as offline Whisper, decoded again at rising temperatures where it loops,
+        skips or overruns its budget, and without the prompt where it copies one of the
+        prompt's sentences. features: (1, n_audio_ctx, n_state); cross: its `cross_kv`."""
+        bundle = self.bundle
+        decoded = greedy
+        if beam_size > 1:
+            decoded = decode_beam(self.model, bundle.tokenizer, features, cross, options, bundle.suppress,
+                                  beam_size)
+        copied = copies_prompt(bundle.tokenizer, decoded.tokens, options.prompt)
+        if not (decoded.needs_fallback or copied):
+            return decoded
+        return decode_with_fallback(bundle, features, [] if copied else options.prompt, options.audio_seconds,
+                                    TEMPERATURES if copied else TEMPERATURES[1:], cross,
+                                    earlier=None if copied else decoded, speech_heard=options.speech_heard,
+                                    beam_size=beam_size)
 
     @staticmethod
     def _options(w: WindowInput) -> DecodingOptions:

@@ -30,7 +30,7 @@ from tests.helpers import (
 
 # What Whisper tiny.en (bundled CTranslate2 weights, our PyTorch port) actually says.
 GOLDEN = {
-    "0890": "Unless to be rather coldhearted and rather selfish is to be ill-disposed.",
+    "0890": "Unless to be rather cold-hearted and rather selfish is to be ill-disposed.",
     "0920": "Had he married a more amiable woman, he might have been made still more "
             "respectable than he was.",
     "0930": "He might even have been made amiable himself.",

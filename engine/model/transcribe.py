@@ -18,6 +18,7 @@ from audio.mel import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, log_me
 from audio.vad import SpeechDetector, level_db
 from engine.config import EngineConfig
 from engine.model import ModelBundle
+from engine.model.beam import BEAM_SIZE, decode_beam
 from engine.model.decoding import (
     NO_SPEECH_THRESHOLD,
     DecodingOptions,
@@ -71,7 +72,8 @@ class Transcript:
 def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: list[int],
                          audio_seconds: float, temperatures: tuple[float, ...] = TEMPERATURES,
                          cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                         earlier: DecodingResult | None = None, speech_heard: bool = False) -> DecodingResult:
+                         earlier: DecodingResult | None = None, speech_heard: bool = False,
+                         beam_size: int = 1) -> DecodingResult:
     """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter. A
     decode that copies one of the prompt's sentences is done again without the prompt.
 
@@ -91,7 +93,7 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
     the last temperature tried so its text is no prompt. `cross`:
     `cross_kv` of `features` if already computed (else computed once here); `earlier`: a
     decode of this window already made; `speech_heard`: the VAD heard speech in the window
-    (DecodingOptions)."""
+    (DecodingOptions); `beam_size`: the beams of the greedy decode (`decode_beam`; 1: greedy)."""
     if cross is None:
         cross = bundle.model.decoder.cross_kv(features)
     tried = [earlier] if earlier is not None else []
@@ -100,7 +102,8 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
     for ladder in (greedy, hot[:1], hot[1:]):
         if not ladder:
             continue
-        results, prompt = _decode_ladder(bundle, features, cross, prompt, ladder, audio_seconds, speech_heard)
+        results, prompt = _decode_ladder(bundle, features, cross, prompt, ladder, audio_seconds, speech_heard,
+                                         beam_size)
         for result in results:
             if result.is_silence or not result.needs_fallback:
                 return result
@@ -119,19 +122,22 @@ def _letters(result: DecodingResult) -> int:
 def _decode_ladder(bundle: ModelBundle, features: torch.Tensor,
                    cross: list[tuple[torch.Tensor, torch.Tensor]], prompt: list[int],
                    temperatures: tuple[float, ...], audio_seconds: float,
-                   speech_heard: bool) -> tuple[list[DecodingResult], list[int]]:
+                   speech_heard: bool, beam_size: int = 1) -> tuple[list[DecodingResult], list[int]]:
     """One window (1, n_audio_ctx, n_state) decoded at each of `temperatures` as one batch
     -> (the decodes in temperature order, the prompt for hotter ones). The prompt is given
     up to 0.5, as Whisper gives it; from a decode that copies it, the decodes are done again
     without it (the ladders of `decode_with_fallback` give it to their first row only), and
     later ones have none. Each sampled row draws from its own seeded generator: the batch
-    reads each temperature as it reads alone."""
+    reads each temperature as it reads alone. A greedy row alone searches `beam_size` beams."""
     def rows(given: list[int], ladder: tuple[float, ...]) -> list[DecodingOptions]:
         return [DecodingOptions(prompt=given if t <= 0.5 else [], temperature=t, audio_seconds=audio_seconds,
                                 speech_heard=speech_heard) for t in ladder]
 
     def run(options: list[DecodingOptions]) -> list[DecodingResult]:
         n = len(options)
+        if beam_size > 1 and n == 1 and options[0].temperature == 0.0:
+            return [decode_beam(bundle.model, bundle.tokenizer, features, cross, options[0], bundle.suppress,
+                                beam_size)]
         batch = [(k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])) for k, v in cross]
         return decode_batch(bundle.model, bundle.tokenizer, features.expand(n, *features.shape[1:]), options,
                             bundle.suppress, cross=batch)
@@ -168,7 +174,7 @@ def _add_words(bundle: ModelBundle, segments: list[Segment],
 
 
 def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: int, history: list[int],
-                   speech: SpeechMap) -> tuple[DecodingResult, list[Segment], float]:
+                   speech: SpeechMap, beam_size: int) -> tuple[DecodingResult, list[Segment], float]:
     """Decode mel frames [seek, seek + frames), the rest of the 30 s window silence ->
     (the decode, its segments with their words, the seconds it consumed: to its last
     timestamp, or to its last word's end where that is later, as Whisper seeks with word
@@ -181,7 +187,8 @@ def _decode_window(bundle: ModelBundle, mel: torch.Tensor, seek: int, frames: in
     features = model.encoder(chunk[None].to(model.device, model.dtype))  # (1, 1500, n_state)
     cross = model.decoder.cross_kv(features)  # for every decode of the window and its words
     heard = speech.heard(seconds_to_ms(offset), seconds_to_ms(offset + seconds))
-    result = decode_with_fallback(bundle, features, history, seconds, cross=cross, speech_heard=heard)
+    result = decode_with_fallback(bundle, features, history, seconds, cross=cross, speech_heard=heard,
+                                  beam_size=beam_size)
     if result.is_silence:
         return result, [], seconds
     new, consumed = split_segments(result.tokens, tokenizer.timestamp_begin, offset, seconds, tokenizer)
@@ -198,7 +205,7 @@ def _last_word_end(segments: list[Segment]) -> int | None:
 
 
 def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[Segment], consumed: float,
-                  history: list[int], speech: SpeechMap) -> tuple[list[Segment], float]:
+                  history: list[int], speech: SpeechMap, beam_size: int) -> tuple[list[Segment], float]:
     """A window's segments and seconds consumed, without skipping speech: where the VAD heard
     seconds of speech between its words (the decoder jumped ahead to clearer speech, or
     stopped early and Whisper's seek would pass over the rest), keep the segments before
@@ -219,7 +226,7 @@ def _mind_the_gap(bundle: ModelBundle, mel: torch.Tensor, seek: int, new: list[S
             cut = hole[1] if cut is None else cut
             frames = round(cut / 1000 * FRAMES_PER_SECOND) - seek
             if frames < round(consumed * FRAMES_PER_SECOND):  # speech after it to cut away
-                result, new, consumed = _decode_window(bundle, mel, seek, frames, history, speech)
+                result, new, consumed = _decode_window(bundle, mel, seek, frames, history, speech, beam_size)
                 if result.is_silence:
                     return [], frames / FRAMES_PER_SECOND
     last = _last_word_end(new)
@@ -285,8 +292,9 @@ def _item_gains(gains: torch.Tensor, num_samples: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
-    """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps."""
+def transcribe(bundle: ModelBundle, audio: torch.Tensor, beam_size: int = BEAM_SIZE) -> Transcript:
+    """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps. `beam_size`:
+    the beams of each window's greedy decode (`decode_beam`; 1: greedy, as a live stream)."""
     model = bundle.model
     duration = audio.shape[0] / SAMPLE_RATE
     audio = audio.float()
@@ -314,11 +322,11 @@ def transcribe(bundle: ModelBundle, audio: torch.Tensor) -> Transcript:
         if onset is not None and onset - at >= LONG_SILENCE_MS:
             seek = round((onset - LEAD_IN_MS) / 1000 * FRAMES_PER_SECOND)
         window_frames = _window_frames(speech, seek, content_frames)
-        result, new, consumed = _decode_window(bundle, mel, seek, window_frames, history, speech)
+        result, new, consumed = _decode_window(bundle, mel, seek, window_frames, history, speech, beam_size)
         if _no_speech(result, samples, speech, seek, window_frames):
             seek += window_frames
             continue
-        new, consumed = _mind_the_gap(bundle, mel, seek, new, consumed, history, speech)
+        new, consumed = _mind_the_gap(bundle, mel, seek, new, consumed, history, speech, beam_size)
         for segment in new:
             start = max(segment.start, segments[-1].end if segments else 0.0)
             segment.start, segment.end = min(start, duration), min(max(segment.end, start), duration)

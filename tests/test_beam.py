@@ -1,0 +1,131 @@
+"""Beam search (engine.model.beam): openai-whisper's, and the decodes that use it."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+import engine.model_runner as model_runner
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.model.beam import decode_beam
+from engine.model.decoding import DecodingOptions, decode, decode_batch
+from engine.model.loader import default_model_path, load_state
+from engine.model.transcribe import transcribe
+from tests.helpers import ARCTIC_IDS, audio, bundle, concatenated, exact_bundle, librivox_path
+from tests.test_engine import stream
+from tests.test_model import three_windows, window_mel
+
+
+def test_beam_search_is_openai_whispers():
+    """Five beams over real windows, with and without a prompt: openai-whisper's beam search
+    (same weights, float32) chooses the same tokens with the same mean log-probability."""
+    decoding = pytest.importorskip("whisper.decoding")
+    whisper_model = pytest.importorskip("whisper.model")
+    dims, state = load_state(default_model_path())
+    reference = whisper_model.Whisper(whisper_model.ModelDimensions(**dims.__dict__))
+    reference.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()})
+    reference.eval()
+    b = exact_bundle()
+    _, prompt, _ = three_windows()  # a real reading of another window
+    for clip, given in (("0870", []), ("0930", prompt)):
+        mel = window_mel(clip)
+        with torch.inference_mode():
+            features = b.model.encoder(mel.to(b.device, b.model.dtype))
+            ours = decode_beam(b.model, b.tokenizer, features, b.model.decoder.cross_kv(features),
+                               DecodingOptions(prompt=given), b.suppress, beam_size=5)
+            theirs = decoding.decode(reference, mel[0], decoding.DecodingOptions(
+                language="en", beam_size=5, fp16=False, prompt=given or None))
+        assert ours.tokens == list(theirs.tokens), (b.tokenizer.decode(ours.tokens), theirs.text)
+        assert abs(ours.avg_logprob - theirs.avg_logprob) < 1e-3
+        assert abs(ours.no_speech_prob - theirs.no_speech_prob) < 1e-3
+        assert ours.stop == "eot" and len(ours.tokens) > 10
+
+
+def test_one_beam_is_greedy_decoding():
+    b = bundle()
+    features, _, options = three_windows()
+    with torch.inference_mode():
+        cross = b.model.decoder.cross_kv(features)
+    for row, opts in enumerate(options):
+        greedy = decode(b.model, b.tokenizer, features[row : row + 1], opts, b.suppress)
+        window = [(k[row : row + 1], v[row : row + 1]) for k, v in cross]
+        one = decode_beam(b.model, b.tokenizer, features[row : row + 1], window, opts, b.suppress, 1)
+        assert one.tokens == greedy.tokens and one.stop == greedy.stop == "eot"
+        assert abs(one.avg_logprob - greedy.avg_logprob) < 1e-3
+
+
+def test_forced_tokens_open_every_beam_and_weigh_nothing():
+    """A final's window that keeps a committed sentence as context reads its text as given,
+    with beams as greedy (`decode_batch`'s `forced`)."""
+    b = bundle()
+    features, _, options = three_windows()
+    row = decode_batch(b.model, b.tokenizer, features[:1], options[:1], b.suppress)[0].tokens
+    k = 9
+    other = list(row[:k])
+    texts = [i for i in range(k) if row[i] < b.tokenizer.timestamp_begin]
+    other[texts[1]] = other[texts[0]]  # a word greedy would not read there
+    with torch.inference_mode():
+        cross = b.model.decoder.cross_kv(features[:1])
+    searched = decode_beam(b.model, b.tokenizer, features[:1], cross,
+                           replace(options[0], draft=other + [1, 2, 3], forced=k), b.suppress, beam_size=5)
+    assert searched.tokens[:k] == other and searched.token_logprobs[:k] == [0.0] * k
+    assert len(searched.tokens) > k + 3 and searched.stop == "eot"
+    chosen = searched.token_logprobs[k:]
+    assert sum(chosen) / (len(chosen) + 1) >= searched.avg_logprob  # (end-of-text's counts too)
+
+
+def test_beam_size_must_be_sane():
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="beam_size"):
+            EngineConfig(beam_size=bad)
+
+
+def searched_windows(monkeypatch) -> list[tuple[int, bool]]:
+    """Replaces the model runner's beam search with one that records each call's beams and
+    whether the window's draft gave forced tokens; the list it appends to."""
+    calls = []
+
+    def recording(model, tokenizer, features, cross, options, suppress, beam_size=5):
+        calls.append((beam_size, options.forced > 0))
+        return decode_beam(model, tokenizer, features, cross, options, suppress, beam_size)
+
+    monkeypatch.setattr(model_runner, "decode_beam", recording)
+    return calls
+
+
+def test_finals_are_searched_with_beams_and_partials_stay_greedy(monkeypatch):
+    samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS[:3]], gap_seconds=0.8)
+    calls = searched_windows(monkeypatch)
+    finals = []
+    record = model_runner.ModelRunner._decode_whole
+    monkeypatch.setattr(model_runner.ModelRunner, "_decode_whole",
+                        lambda self, *a, **k: finals.append(1) or record(self, *a, **k))
+    engine = Engine(bundle(), EngineConfig(beam_size=4))
+    words = stream(engine, ["s"], [samples.numpy()])["s"]
+    assert len(words) > 20
+    # every decode committed whole, and only those, searched with the session's beams
+    assert len(calls) == len(finals) >= 3 and {c[0] for c in calls} == {4}
+    assert any(forced for _, forced in calls)  # a final that keeps the sentence before it
+    calls.clear()
+    stream(Engine(bundle(), EngineConfig(beam_size=1)), ["s"], [samples.numpy()])
+    assert calls == []
+
+
+def test_offline_transcription_searches_with_beams_unless_told_greedy(monkeypatch):
+    samples = audio(librivox_path("0880"))
+    calls = []
+    import engine.model.transcribe as offline
+
+    def recording(*args):
+        calls.append(args[-1])
+        return decode_beam(*args)
+
+    monkeypatch.setattr(offline, "decode_beam", recording)
+    searched = transcribe(bundle(), samples)
+    assert calls and set(calls) == {5}
+    calls.clear()
+    greedy = transcribe(bundle(), samples, beam_size=1)
+    assert calls == []
+    assert searched.text.strip() and greedy.text.strip()
