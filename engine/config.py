@@ -38,8 +38,10 @@ class EngineConfig:
     # better (docs/evaluation.md, The prompt's length)
     prompt_tokens: int = 100
     # beams of a decode committed whole (a final, a file's window: engine.model.beam); partials
-    # stay greedy. 1: every decode greedy
-    beam_size: int = 5
+    # stay greedy. 1: greedy, whose final verifies its preview's tokens as a draft in a call or
+    # two; a search takes a decoder call per token, and on 2 CPU cores 8 sessions fall seconds
+    # behind (docs/evaluation.md, Beam search)
+    beam_size: int = 1
     # -- scheduling
     decode_interval_ms: int = 1000  # new audio between two partial decodes of a session
     decode_only_speech: bool = True  # no decode of a window, or partial, without new speech

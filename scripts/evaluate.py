@@ -14,10 +14,10 @@ the earlier evaluation set). Each clip goes through
   no time: deterministic, so two settings compare without real time's run-to-run spread;
 - `file`: the file over HTTP, as Deepgram's pre-recorded `POST /v1/listen` takes it (a
   background request of the same server's engine; 4 files at once), with its words' times;
-- `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm) on the file at 16 kHz, with
-  its word times (aligned from cross-attention, as streaming's);
-- `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, greedy, with its word
-  timestamps (skipped when faster-whisper is not installed).
+- `offline`: Voxtide's `transcribe` (Whisper's long-form algorithm, 5 beams) on the file at
+  16 kHz, with its word times (aligned from cross-attention, as streaming's);
+- `fw-int8`: faster-whisper with CTranslate2 int8 on the same weights, at its defaults (5
+  beams), with its word timestamps (skipped when faster-whisper is not installed).
 Per condition and overall, for each system: WER (normalized text, pooled), streaming's WER
 minus offline's with a 95% interval (a paired bootstrap over sentences: the spread that one
 decode of a sentence against another gives the difference), the longest dropped
@@ -307,7 +307,7 @@ def faster_whisper_all(results: list[Result], threads: int) -> bool:
                          cpu_threads=threads)
 
     def run(samples: np.ndarray) -> Words:
-        segments, _ = model.transcribe(samples, language="en", beam_size=1, vad_filter=False,
+        segments, _ = model.transcribe(samples, language="en", beam_size=5, vad_filter=False,
                                        word_timestamps=True)
         return [(w.start, w.end, w.word) for s in segments for w in s.words or []]  # decodes here
 

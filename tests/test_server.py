@@ -85,7 +85,7 @@ async def test_listen_streams_a_recording_and_stores_its_finals(tmp_path):
     results = [m for m in messages if m["type"] == "Results"]
     assert [m["seq"] for m in results] == list(range(1, len(results) + 1))
     assert any(not m["is_final"] for m in results)  # partials came before the finals
-    assert finals_text(messages) == GOLDEN["0890"]  # what the model says offline, word for word
+    assert finals_text(messages) == GOLDEN["0890"]  # what the model says greedily, word for word
     finals = [m for m in results if m["is_final"] and transcript(m)]
     # finals cover the stream end to end, each from where the last one ended
     ends = [0.0] + [round(m["start"] + m["duration"], 3) for m in finals]
