@@ -74,8 +74,9 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
                          cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
                          earlier: DecodingResult | None = None, speech_heard: bool = False,
                          beam_size: int = 1) -> DecodingResult:
-    """Greedy first; on a loop, low log-probability or a budget overrun, sample hotter. A
-    decode that copies one of the prompt's sentences is done again without the prompt.
+    """Greedy first (or `beam_size` beams); on a loop, low log-probability or a budget
+    overrun, sample hotter. A decode that copies one of the prompt's sentences is done again
+    without the prompt.
 
     Whisper tries the temperatures one at a time and takes the first that passes. Here 0.2
     is tried alone too (a greedy decode that failed often passes at 0.2), and the rest are
