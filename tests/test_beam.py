@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import engine.model.transcribe as offline
 import engine.model_runner as model_runner
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -116,7 +117,6 @@ def test_finals_are_searched_with_beams_and_partials_stay_greedy(monkeypatch):
 def test_offline_transcription_searches_with_beams_unless_told_greedy(monkeypatch):
     samples = audio(librivox_path("0880"))
     calls = []
-    import engine.model.transcribe as offline
 
     def recording(*args):
         calls.append(args[-1])

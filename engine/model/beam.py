@@ -26,6 +26,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.model.whisper import DecoderCache, Whisper
 
 BEAM_SIZE = 5
+MAX_BEAM_SIZE = 16  # (a setting's bound: each beam is a row of every decoder call)
 
 
 @dataclass
