@@ -144,7 +144,7 @@ class EngineLoop:
                     await asyncio.sleep(HEALTH_POLL_S)
                     continue
             self._apply_commands()
-            engine.shed(self.load.update(time.perf_counter()))
+            engine.shed(self.load.update(time.perf_counter()), self.load.searching)
             step = engine.schedule()
             if step is not None:
                 started = time.perf_counter()
@@ -168,14 +168,18 @@ class EngineLoop:
         when one makes a final due while the step has partials only (or a background file's
         windows), give that step up (its sessions get their next partial later, the file its
         window, drafted from the tokens so far): a final waits for at most one decoder call,
-        not for a batch of partials or a file's decode."""
+        not for a batch of partials or a file's decode. In a step of finals, another session's
+        final gives up their beam searches (they keep their greedy decodes) the same way."""
         engine = self.engine
         running = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
         has_final = any(w.live_final for w in step.scheduled.windows)
+        in_step = {w.request_id for w in step.scheduled.windows}
         while True:
             if self.commands:
                 touched = self._apply_commands()
-                if not (has_final or engine.stop_partials.is_set()) and engine.final_fell_due(touched):
+                if has_final:  # (a session's own next final waits for this step's anyway)
+                    touched -= in_step
+                if not engine.stop_partials.is_set() and engine.final_fell_due(touched):
                     engine.stop_partials.set()
             if running.done():
                 return running.result()
@@ -189,6 +193,7 @@ class EngineLoop:
         self.load.record(started, now, (w.request_id for w in step.scheduled.windows if w.live_final))
         self.metrics.load.set(self.load.share(now))
         self.metrics.shedding.set(self.load.shedding)
+        self.metrics.searching.set(self.load.searching)
         self.metrics.step_time.observe(now - started)
         self.metrics.steps.inc()
         if output.num_fallbacks:

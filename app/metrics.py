@@ -80,6 +80,9 @@ class Metrics:
                           "steps with a live final (engine/load.py)", registry=r)
         self.shedding = Gauge("voxtide_engine_shedding", "1 while partials come less often for load",
                               registry=r)
+        self.searching = Gauge("voxtide_engine_searching", "1 while live finals are searched with "
+                               "beams (the load leaves headroom)", registry=r)
+        self.searching.set(1)  # (an idle engine searches)
         self.fallbacks = Counter("voxtide_decode_fallbacks",
                                  "Windows re-decoded at a higher temperature (loops, low confidence)",
                                  registry=r)

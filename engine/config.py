@@ -38,11 +38,12 @@ class EngineConfig:
     # decoder position each, in every window, and past a few sentences more of them read no
     # better (docs/evaluation.md, The prompt's length)
     prompt_tokens: int = 100
-    # beams of a decode committed whole (a final, a file's window: engine.model.beam); partials
-    # stay greedy. 1: greedy, whose final verifies its preview's tokens as a draft in a call or
-    # two; a search takes a decoder call per token, and on 2 CPU cores 8 sessions fall seconds
-    # behind (docs/evaluation.md, Beam search)
-    beam_size: int = 1
+    # beams of a decode committed whole (a final, a file's window: engine.model.beam), after
+    # its greedy decode (its preview's tokens verified as a draft in a call or two); partials
+    # stay greedy. A search takes a decoder call per token: it runs only while the engine has
+    # headroom (engine/load.py) and no other live session's final is due, and gives way to one
+    # that falls due (the greedy decode stays). 1: greedy only
+    beam_size: int = 5
     # -- scheduling
     decode_interval_ms: int = 1000  # new audio between two partial decodes of a session
     decode_only_speech: bool = True  # no decode of a window, or partial, without new speech

@@ -62,11 +62,13 @@ class Engine:
         self.turn_streams: dict[str, Stream] = {}  # the sessions that asked for turn events
         self.last_stats = StepStats()
         self.processor_counts = (0, 0)  # the runner's processor cache: (queries, hits)
-        # set (from any thread) to give up the partials-only step in flight: a final fell due
+        # set (from any thread) to give up the partials-only step in flight, or the beam
+        # searches of a step of finals: a final fell due
         self.stop_partials = self.runner.stop_event
         # finals numbered (Request.due_number) when the last step was scheduled: in a step of
         # partials only, those could not be placed (a full encoder cache); see final_fell_due
         self.num_due_at_schedule = 0
+        self.searching = True  # finals are searched with `config.beam_size` beams (`shed`)
         self._hash_key = hash_key(bundle.model_id, config.item_samples)
         self.restarting = False  # a new model worker is starting
         self.deaths_in_a_row = 0  # steps the worker died in since one was done
@@ -165,9 +167,11 @@ class Engine:
         stream = self.streams.get(request_id)
         return stream.committed_ms if stream is not None else 0
 
-    def shed(self, shedding: bool) -> None:
-        """Whether partials come less often from the next schedule on (engine/load.py)."""
+    def shed(self, shedding: bool, searching: bool = True) -> None:
+        """Whether partials come less often, and whether finals are searched with beams, from
+        the next schedule on (engine/load.py)."""
         self.scheduler.shedding = shedding
+        self.searching = searching
 
     def decoded_samples(self, request_id: str) -> int | None:
         """16 kHz samples of the session the engine has looked at: decoded, or heard as
@@ -229,6 +233,8 @@ class Engine:
             stream.skip_silence()
         scheduled = self.scheduler.schedule(s.request for s in self.streams.values())
         self.num_due_at_schedule = self.scheduler.num_due
+        # a final's search is spent from headroom, and no other session's final waits for it
+        beam_size = self.config.beam_size if self.searching and not self.finals_waiting() else 1
         if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
             return None
         inp = ModelInput(freed_mm_hashes=scheduled.freed_mm_hashes)
@@ -253,7 +259,7 @@ class Engine:
             inp.windows.append(WindowInput(window, pieces, prompt, draft,
                                            stream.forced(window.window_start, window.preview),
                                            stream.may_commit(window), stream.heard_speech(window),
-                                           self.config.beam_size))
+                                           beam_size))
         return StepInput(scheduled, inp)
 
     def execute(self, step: StepInput) -> RunnerOutput:
@@ -319,6 +325,12 @@ class Engine:
         return any(rid in streams and not streams[rid].request.background
                    and (streams[rid].request.due_number or 0) > self.num_due_at_schedule
                    for rid in request_ids)
+
+    def finals_waiting(self) -> bool:
+        """Whether a live session's final is due and not scheduled (left out of the last
+        step, or behind a window of its own in flight)."""
+        return any(s.request.due_number is not None and not s.request.background
+                   for s in self.streams.values())
 
     def has_work(self) -> bool:
         """Whether a request is ready to be scheduled (not counting those in flight)."""

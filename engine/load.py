@@ -4,7 +4,10 @@ Required work is a step with a live final in it: a client waits for that text. P
 previews and background files are optional: nobody loses a word without them. When the
 required share grows (more sessions, or a busy neighbour taking CPU), partials come less
 often. They are not dropped: a final decode verifies its window's last partial as its draft
-instead of generating every token, so finals without partials cost more.
+instead of generating every token, so finals without partials cost more. A final's beam
+search (EngineConfig.beam_size) is spent from headroom: it runs only while the share is under
+`SEARCH_SHARE`, about what 8 sessions' greedy finals take on 2 CPU cores, so a busy engine
+keeps its finals' latency and an idle one reads them better.
 
 A new session is admitted while the sessions' lag at their finals (audio received minus
 audio committed, which the sessions note here) stays under `ADMIT_LAG_S` (p90 of the last
@@ -25,6 +28,7 @@ MIN_SPAN_S = 5.0  # ... or the time since the first step, but at least this
 SHED_SHARE = 0.5  # over this, partials come PARTIAL_SLOWDOWN times less often
 HYSTERESIS = 0.1  # and again as often once the share is this far under SHED_SHARE
 PARTIAL_SLOWDOWN = 3
+SEARCH_SHARE = 0.2  # finals are searched while the share is under this (docs/performance.md)
 # a new session is refused when the share with it would reach this (with everyone's pauses at
 # once, the worst case, the p95 final latency nears 1.5 s a little under it: docs/performance.md)
 ADMIT_SHARE = 0.7
@@ -42,6 +46,7 @@ class LoadMeter:
         # (start, end, ids of the live finals) of the required steps
         self.busy: deque[tuple[float, float, frozenset[str]]] = deque()
         self.shedding = False
+        self.searching = True  # finals are searched with beams
         self.since: float | None = None  # the first step's start: a share needs time behind it
         self.lags: deque[tuple[float, float]] = deque()  # (when, seconds) of sessions' lags at finals
 
@@ -55,11 +60,13 @@ class LoadMeter:
             self.busy.append((start, end, final_ids))
 
     def update(self, now: float) -> bool:
-        """Whether partials are shed now (asked before each schedule)."""
+        """Whether partials are shed now, and (`searching`) whether finals are searched
+        (asked before each schedule)."""
         while self.busy and self.busy[0][1] <= now - self.window_s:
             self.busy.popleft()
         share = self.share(now)
         self.shedding = share >= SHED_SHARE or (self.shedding and share >= SHED_SHARE - HYSTERESIS)
+        self.searching = share < SEARCH_SHARE
         return self.shedding
 
     def note_lag(self, now: float, lag_s: float) -> None:

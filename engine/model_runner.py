@@ -211,18 +211,21 @@ class ModelRunner:
         A step of partials (and background windows) only is given up once `stop()` says so
         (asked before each transformer and decoder call): the windows whose decode had not
         finished are then `cancelled`, with the tokens decoded so far. The new items are encoded all the same
-        (the encoder cache counts on them)."""
+        (the encoder cache counts on them). In a step with live finals, `stop()` gives up only
+        their beam searches (they keep their greedy decodes)."""
         calls, items = self.encode_items(inp)
         cache = self.processor_cache
         result = RunnerOutput(num_encoder_calls=calls, num_encoded_items=items,
                               num_windows=len(inp.windows),
                               processor_counts=(cache.num_queries, cache.num_hits))
+        search_stop = stop
         if any(w.window.live_final for w in inp.windows):
-            stop = None  # a step with live finals runs to its end
-        return self._run_windows(inp.windows, result, stop)
+            stop = None  # a step with live finals runs to its end (but for their searches)
+        return self._run_windows(inp.windows, result, stop, search_stop)
 
     def _run_windows(self, inputs: list[WindowInput], result: RunnerOutput,
-                     stop: Callable[[], bool] | None) -> RunnerOutput:
+                     stop: Callable[[], bool] | None,
+                     search_stop: Callable[[], bool] | None = None) -> RunnerOutput:
         groups: dict[bool, list[WindowInput]] = {}
         for w in inputs:
             window = w.window
@@ -247,17 +250,19 @@ class ModelRunner:
                 continue
             x = self.gather(windows, length)  # (B, length, n_state)
             features = self.model.encoder.transformer(x)  # (B, length, n_state)
-            decoded = self.decode_windows(windows, features, stop)
+            decoded = self.decode_windows(windows, features, stop, search_stop)
             result.results += decoded
             result.num_fallbacks += sum(r.temperature > 0 for r in decoded)
             cancelled = any(r.cancelled for r in decoded)
         return result
 
     def decode_windows(self, inputs: list[WindowInput], features: torch.Tensor,
-                       stop: Callable[[], bool] | None = None) -> list[WindowResult]:
+                       stop: Callable[[], bool] | None = None,
+                       search_stop: Callable[[], bool] | None = None) -> list[WindowResult]:
         """Decode all windows as one batch; if that fails, each alone, so a fault stays with
         its own session. Given up (`stop`): the windows decoded by then keep their results,
-        the others are `cancelled` with their tokens so far."""
+        the others are `cancelled` with their tokens so far. A search given up (`search_stop`)
+        leaves its window the greedy decode."""
         windows = [w.window for w in inputs]
         options = [self._options(w) for w in inputs]
         tokenizer, suppress = self.bundle.tokenizer, self.bundle.suppress
@@ -289,7 +294,7 @@ class ModelRunner:
             if w.window.commits_whole and isinstance(d, DecodingResult) and not d.is_silence:
                 try:
                     d = self._decode_whole(w.beam_size, opts, d, features[b : b + 1],
-                                           [(k[b : b + 1], v[b : b + 1]) for k, v in cross])
+                                           [(k[b : b + 1], v[b : b + 1]) for k, v in cross], search_stop)
                 except Exception as e:  # failed below, for this session alone
                     d = e
             kept.append(d)
@@ -332,17 +337,21 @@ class ModelRunner:
 
     def _decode_whole(self, beam_size: int, options: DecodingOptions, greedy: DecodingResult,
                       features: torch.Tensor, cross: list[tuple[torch.Tensor, torch.Tensor]],
-                      ) -> DecodingResult:
+                      stop: Callable[[], bool] | None = None) -> DecodingResult:
         """A window's decode that is committed as is (no agreement check), from its greedy
         decode (the draft verified: cheap, and it tells silence): searched with `beam_size`
-        beams; then, as offline Whisper, decoded again at rising temperatures where it loops,
-        skips or overruns its budget, and without the prompt where it copies one of the
+        beams, unless `stop` gives the search up (another live final fell due: the greedy
+        decode stays); then, as offline Whisper, decoded again at rising temperatures where it
+        loops, skips or overruns its budget, and without the prompt where it copies one of the
         prompt's sentences. features: (1, n_audio_ctx, n_state); cross: its `cross_kv`."""
         bundle = self.bundle
         decoded = greedy
         if beam_size > 1:
-            decoded = decode_beam(self.model, bundle.tokenizer, features, cross, options, bundle.suppress,
-                                  beam_size)
+            try:
+                decoded = decode_beam(self.model, bundle.tokenizer, features, cross, options,
+                                      bundle.suppress, beam_size, stop)
+            except DecodingCancelled:
+                beam_size = 1
         copied = copies_prompt(bundle.tokenizer, decoded.tokens, options.prompt)
         if not (decoded.needs_fallback or copied):
             return decoded

@@ -22,7 +22,7 @@ for Deepgram's SpeechStarted events (`vad_events=true`: the engine's turn events
 
     scripts/dev.sh run python scripts/capacity.py [--sessions 1 2 4 8] [--pad-seconds 10] \
         [--preview-pad-seconds 0] [--endpoint-ms 400] [--rotate] [--max-batch 4] [--max-finals 1] \
-        [--worker thread] [--device cuda] [--upload-seconds 600] [--json out.json]
+        [--beam-size 1] [--worker thread] [--device cuda] [--upload-seconds 600] [--json out.json]
 """
 
 from __future__ import annotations
@@ -139,6 +139,8 @@ def main() -> int:
     parser.add_argument("--decode-interval-ms", type=int, default=EngineConfig.decode_interval_ms,
                         help="new audio between two decodes of a session")
     parser.add_argument("--agree-after-ms", type=int, default=EngineConfig.agree_after_ms)
+    parser.add_argument("--beam-size", type=int, default=EngineConfig.beam_size,
+                        help="beams of a decode committed whole (a final)")
     parser.add_argument("--rotate", action="store_true",
                         help="session i starts at the (i mod 5)-th recording: pauses spread out")
     parser.add_argument("--threads", type=int, default=2)
@@ -168,10 +170,10 @@ def main() -> int:
                           endpoint_ms=args.endpoint_ms or None,
                           preview_pad_seconds=args.preview_pad_seconds or None,
                           agree_after_ms=args.agree_after_ms, max_finals=args.max_finals,
-                          worker_process=args.worker == "process")
+                          beam_size=args.beam_size, worker_process=args.worker == "process")
     print(f"pad_seconds {args.pad_seconds}, preview pad {args.preview_pad_seconds}, endpoint_ms "
           f"{args.endpoint_ms}, max batch {args.max_batch}, max finals {args.max_finals or 'default'}, "
-          f"decode interval "
+          f"{args.beam_size} beams, decode interval "
           f"{args.decode_interval_ms} ms, agree after {args.agree_after_ms} ms, {args.threads} threads, "
           f"model in a {args.worker} on {model.device} ({model.model.dtype}), "
           f"{samples.shape[0] / 16000:.1f} s per session"

@@ -489,7 +489,8 @@ def run_systems(args: argparse.Namespace, results: list[Result]) -> list[str]:
     model = load_bundle(device="cpu", bf16=False if args.no_bf16 else None, int8=args.int8)
     config = EngineConfig(pad_seconds=args.pad_seconds, endpoint_ms=args.endpoint_ms or None,
                           preview_pad_seconds=args.preview_pad_seconds or None,
-                          prompt_tokens=args.prompt_tokens, worker_process=True)  # as `voxtide serve`
+                          prompt_tokens=args.prompt_tokens, beam_size=args.beam_size,
+                          worker_process=True)  # as `voxtide serve`
     if "stream" not in args.skip:
         asyncio.run(stream_all(results, args.parallel, args.fast, config, model))
         systems.append("stream")
@@ -521,6 +522,8 @@ def main() -> int:
                         help="0: partials decode the whole window")
     parser.add_argument("--endpoint-ms", type=int, default=EngineConfig.endpoint_ms, help="0: off")
     parser.add_argument("--prompt-tokens", type=int, default=EngineConfig.prompt_tokens)
+    parser.add_argument("--beam-size", type=int, default=EngineConfig.beam_size,
+                        help="streaming's beams for a decode committed whole (a final)")
     parser.add_argument("--replay", action="store_true",
                         help="also stream each clip into an in-process engine, as if compute took no time")
     parser.add_argument("--threads", type=int, default=2)
@@ -553,7 +556,8 @@ def main() -> int:
         systems = run_systems(args, results)
         settings = (f"Streaming: {'fast' if args.fast else 'real time'}, {args.parallel} at once, 100 ms "
                     f"chunks, endpoint {args.endpoint_ms} ms, pad {args.pad_seconds}, preview pad "
-                    f"{args.preview_pad_seconds}, prompt {args.prompt_tokens} tokens. Run: "
+                    f"{args.preview_pad_seconds}, prompt {args.prompt_tokens} tokens, {args.beam_size} beams "
+                    f"for finals. Run: "
                     f"{provenance(sys.argv[1:])}.")
     text = report(results, systems, settings)
     print(text)

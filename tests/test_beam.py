@@ -8,12 +8,15 @@ import torch
 
 import engine.model.transcribe as offline
 import engine.model_runner as model_runner
+from app.engine_loop import EngineLoop
+from app.metrics import Metrics
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.beam import decode_beam
-from engine.model.decoding import DecodingOptions, decode, decode_batch
+from engine.model.decoding import DecodingCancelled, DecodingOptions, decode, decode_batch
 from engine.model.loader import default_model_path, load_state
 from engine.model.transcribe import transcribe
+from scripts.wer import normalize
 from tests.helpers import ARCTIC_IDS, audio, bundle, concatenated, exact_bundle, librivox_path
 from tests.test_engine import stream
 from tests.test_model import three_windows, window_mel
@@ -88,9 +91,9 @@ def searched_windows(monkeypatch) -> list[tuple[int, bool]]:
     whether the window's draft gave forced tokens; the list it appends to."""
     calls = []
 
-    def recording(model, tokenizer, features, cross, options, suppress, beam_size=5):
+    def recording(model, tokenizer, features, cross, options, suppress, beam_size=5, stop=None):
         calls.append((beam_size, options.forced > 0))
-        return decode_beam(model, tokenizer, features, cross, options, suppress, beam_size)
+        return decode_beam(model, tokenizer, features, cross, options, suppress, beam_size, stop)
 
     monkeypatch.setattr(model_runner, "decode_beam", recording)
     return calls
@@ -112,6 +115,70 @@ def test_finals_are_searched_with_beams_and_partials_stay_greedy(monkeypatch):
     calls.clear()
     stream(Engine(bundle(), EngineConfig(beam_size=1)), ["s"], [samples.numpy()])
     assert calls == []
+
+
+def final_text(output) -> str:
+    (result,) = output.results
+    return " ".join(normalize("".join(w.text for w in result.words)))
+
+
+def test_a_final_is_searched_only_while_no_other_sessions_final_waits(monkeypatch):
+    """Two finals due, one per step: the first is read greedy (the other waits for its step),
+    the second searched. A search that is given up leaves the greedy reading: on this clip
+    greedy reads "coldhearted", 5 beams "cold-hearted" (tests/test_transcribe.py)."""
+    calls = searched_windows(monkeypatch)
+    samples = audio(librivox_path("0890")).numpy()
+    engine = Engine(bundle(), EngineConfig(max_finals=1))
+    for rid in ("a", "b"):
+        engine.add_request(rid)
+        engine.add_audio(rid, samples)
+        engine.finish(rid)
+    step = engine.schedule()
+    assert [(w.request_id, w.window.final, w.beam_size) for w in step.model_input.windows] == [("a", True, 1)]
+    output = engine.execute(step)
+    assert "coldhearted" in final_text(output) and calls == []
+    engine.update_from_output(output)
+    step = engine.schedule()
+    assert [(w.request_id, w.beam_size) for w in step.model_input.windows] == [("b", 5)]
+    assert "cold hearted" in final_text(engine.runner.execute(step.model_input))
+    assert calls == [(5, False)]
+    given_up = engine.runner.execute(step.model_input, lambda: True)
+    assert calls == [(5, False)] * 2
+    assert "coldhearted" in final_text(given_up) and not given_up.results[0].error
+
+
+def test_a_search_asked_to_stop_raises_before_its_next_decoder_call():
+    b = bundle()
+    features, _, options = three_windows()
+    with torch.inference_mode():
+        cross = b.model.decoder.cross_kv(features[:1])
+    asked = []
+    with pytest.raises(DecodingCancelled):
+        decode_beam(b.model, b.tokenizer, features[:1], cross, options[0], b.suppress, 5,
+                    lambda: asked.append(1) or len(asked) > 3)
+    assert len(asked) == 4
+
+
+async def test_the_engine_loop_gives_up_a_search_for_another_sessions_final(monkeypatch):
+    """A final's search runs while its own session streams on; another session's final that
+    falls due during the step gives it up (the greedy reading is committed)."""
+    samples = audio(librivox_path("0890")).numpy()
+    texts = []
+    for other_final in (False, True):
+        engine = Engine(bundle(), EngineConfig())
+        loop = EngineLoop(engine, Metrics())
+        for rid in ("a", "b"):
+            loop.open(rid, lambda _: None)
+        loop.add_audio("a", samples)
+        loop.finish("a")
+        loop._apply_commands()
+        step = engine.schedule()
+        assert [(w.request_id, w.beam_size) for w in step.model_input.windows] == [("a", 5)]
+        loop.add_audio("b", samples[:16000])  # come in while the step runs
+        if other_final:
+            loop.finish("b")
+        texts.append(final_text(await loop._execute(step)))
+    assert "cold hearted" in texts[0] and "coldhearted" in texts[1]
 
 
 def test_offline_transcription_searches_with_beams_unless_told_greedy(monkeypatch):

@@ -29,7 +29,7 @@ from tests.server_client import (
     wait_until,
 )
 from tests.test_server import http_get
-from tests.test_transcribe import GOLDEN
+from tests.test_transcribe import GOLDEN, READINGS, SEARCHED
 
 
 def test_the_spool_keeps_audio_until_its_transcript_is_stored(tmp_path, monkeypatch):
@@ -222,7 +222,7 @@ async def test_a_drain_ends_a_session_at_its_next_pause_and_says_where(tmp_path)
     assert first.numel() < taken <= first.numel() + gap  # inside the pause
     assert ws.close_code == 1001
     text = " ".join(transcript(m) for m in messages if m["type"] == "Results" and m["is_final"])
-    assert wer(GOLDEN["0890"], text) < 0.1, text
+    assert min(wer(reading, text) for reading in READINGS["0890"]) < 0.1, text
 
 
 async def test_a_full_disk_under_the_spool_degrades_health_and_loses_no_text(tmp_path, monkeypatch):
@@ -238,7 +238,7 @@ async def test_a_full_disk_under_the_spool_degrades_health_and_loses_no_text(tmp
         messages, _ = await listen(server, samples)
         status, _, body = await http_get(server, "/healthz")
         metrics = server.metrics.render().decode()
-    assert finals_text(messages) == GOLDEN["0890"]
+    assert finals_text(messages) == SEARCHED["0890"]
     health = json.loads(body)
     assert status == 503 and health["status"] == "degraded" and "audio spool" in health["reason"]
     assert "voxtide_spool_failures_total 1.0" in metrics

@@ -7,7 +7,15 @@ from functools import partial
 import pytest
 
 from engine.encoder_cache import EncoderCacheManager
-from engine.load import ADMIT_LAG_S, ADMIT_SHARE, HYSTERESIS, PARTIAL_SLOWDOWN, SHED_SHARE, LoadMeter
+from engine.load import (
+    ADMIT_LAG_S,
+    ADMIT_SHARE,
+    HYSTERESIS,
+    PARTIAL_SLOWDOWN,
+    SEARCH_SHARE,
+    SHED_SHARE,
+    LoadMeter,
+)
 from engine.mm_window import get_mm_features_in_window
 from engine.policy import CONTEXT_WORDS, LocalAgreement
 from engine.request import (
@@ -543,6 +551,20 @@ def test_the_load_is_the_share_of_recent_time_on_live_finals_and_sets_the_sheddi
     meter.record(30.0, 30.0 + 10 * (SHED_SHARE - HYSTERESIS * 1.5), {"a"})
     assert not meter.update(40.0)
     assert meter.share(60.0) == 0.0 and meter.admits(60.0, {})  # steps age out
+
+
+def test_finals_are_searched_while_the_load_is_under_search_share():
+    meter = LoadMeter(window_s=10.0)
+    meter.update(0.0)
+    assert meter.searching  # idle
+    meter.record(0.0, 10 * SEARCH_SHARE * 0.9, {"a"})
+    meter.update(10.0)
+    assert meter.searching and not meter.shedding
+    meter.record(10.0, 10.0 + 10 * SEARCH_SHARE, {"a", "b"})
+    meter.update(20.0)
+    assert not meter.searching and not meter.shedding  # searches go before partials
+    meter.update(40.0)
+    assert meter.searching  # aged out
 
 
 def test_a_session_is_admitted_while_the_load_with_it_and_those_to_come_fits():

@@ -43,7 +43,7 @@ from tests.server_client import (
     url,
     wait_until,
 )
-from tests.test_transcribe import GOLDEN
+from tests.test_transcribe import READINGS, SEARCHED
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,8 @@ async def test_listen_streams_a_recording_and_stores_its_finals(tmp_path):
     results = [m for m in messages if m["type"] == "Results"]
     assert [m["seq"] for m in results] == list(range(1, len(results) + 1))
     assert any(not m["is_final"] for m in results)  # partials came before the finals
-    assert finals_text(messages) == GOLDEN["0890"]  # what the model says greedily, word for word
+    # what the model says with 5 beams, word for word: an idle server searches its finals
+    assert finals_text(messages) == SEARCHED["0890"]
     finals = [m for m in results if m["is_final"] and transcript(m)]
     # finals cover the stream end to end, each from where the last one ended
     ends = [0.0] + [round(m["start"] + m["duration"], 3) for m in finals]
@@ -94,7 +95,7 @@ async def test_listen_streams_a_recording_and_stores_its_finals(tmp_path):
     starts = [w["start"] for w in words]
     assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] < 5.3
     assert all(0 < w["confidence"] <= 1 and w["word"] == w["word"].lower() for w in words)
-    assert " ".join(w["punctuated_word"] for w in words) == GOLDEN["0890"]
+    assert " ".join(w["punctuated_word"] for w in words) == SEARCHED["0890"]
     # every final was written to the session's JSONL file, in order
     stored = server.store.read(session_id)
     assert [r["text"] for r in stored] == [transcript(m) for m in finals]
@@ -405,7 +406,7 @@ async def test_engine_failure_ends_only_that_session(tmp_path, monkeypatch):
         assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "engine_error"
         assert ws.close_code == 1011
         others, _ = await healthy
-        assert finals_text(others) == GOLDEN["0890"]
+        assert finals_text(others) in READINGS["0890"]
         assert server.engine.num_requests == 0
 
 
@@ -426,7 +427,7 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
         engine.inject(hashes, list(item_log_mel(torch.from_numpy(np.stack(contexts)), 80,
                                                 torch.tensor(floors))))
         messages, _ = await listen(server, samples, encoding="float32")  # the same samples
-        assert finals_text(messages) == GOLDEN["0890"]
+        assert finals_text(messages) in READINGS["0890"]
         assert (await http_get(server, "/healthz"))[0] == 200
         metrics = (await http_get(server, "/metrics"))[2].decode()
         hits = re.search(r"^voxtide_processor_cache_hits_total (\S+)", metrics, re.M)
@@ -436,7 +437,7 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
         await wait_until(lambda: not server.overloaded(), 60)  # a cold model's first steps lag
         received, ws = await _listen_killing_the_worker(server, samples)
         assert engine.runner.process is not worker and engine.num_restarts == 1
-        assert finals_text(received) == GOLDEN["0890"] and received[-1]["type"] == "Metadata"
+        assert finals_text(received) in READINGS["0890"] and received[-1]["type"] == "Metadata"
         metrics = (await http_get(server, "/metrics"))[2].decode()
         assert re.search(r"^voxtide_worker_restarts_total 1.0$", metrics, re.M), metrics
 
@@ -460,7 +461,7 @@ async def test_the_model_worker_process_serves_and_is_restarted_when_it_dies(tmp
         monkeypatch.setattr(engine.runner, "_start", start)
         await wait_until(lambda: engine.healthy and not server.overloaded(), 60)  # tried again after a pause
         messages, _ = await listen(server, samples)
-        assert finals_text(messages) == GOLDEN["0890"]
+        assert finals_text(messages) in READINGS["0890"]
 
 
 async def _listen_killing_the_worker(server, samples: torch.Tensor) -> tuple[list[dict], typing.Any]:

@@ -37,6 +37,9 @@ GOLDEN = {
     "0930": "He might even have been made amiable himself.",
 }
 SEARCHED = {**GOLDEN, "0890": "Unless to be rather cold-hearted and rather selfish is to be ill-disposed."}
+# a live final is searched when the server has the headroom and no other session's final
+# waits for it (docs/architecture.md, Decoding): with other sessions about, either reading
+READINGS = {clip: {GOLDEN[clip], SEARCHED[clip]} for clip in GOLDEN}
 
 
 @pytest.mark.parametrize("clip", sorted(GOLDEN))
@@ -264,10 +267,15 @@ def test_a_short_sentence_the_prompt_opens_its_segments_with_is_a_copy_where_one
 
 def per_row(decode_one):
     """A `decode_batch` that decodes each row alone with `decode_one` (model, tokenizer,
-    features, options, suppress, cross), as a stand-in decoder reads it."""
+    features, options, suppress, cross), as a stand-in decoder reads it. (Cross keys of
+    batch 1 are every row's.)"""
     def batch(model, tokenizer, features, options, suppress, stop=None, cross=None):
-        return [decode_one(model, tokenizer, features[i : i + 1], o, suppress,
-                           [(k[i : i + 1], v[i : i + 1]) for k, v in cross] if cross else None)
+        def row(i: int) -> list | None:
+            if not cross:
+                return None
+            return [(k[i : i + 1], v[i : i + 1]) if k.shape[0] > 1 else (k, v) for k, v in cross]
+
+        return [decode_one(model, tokenizer, features[i : i + 1], o, suppress, row(i))
                 for i, o in enumerate(options)]
     return batch
 

@@ -2,18 +2,21 @@
 default (5 beams, patience 1, candidates ranked by mean log-probability).
 
 Greedy decoding commits to each token as it goes; a word it misreads early steers the rest
-of the window's reading. Offline files keep the `beam_size` likeliest sequences instead:
-greedy is what a live stream can afford, a file is read once and can spend the compute.
+of the window's reading. A search keeps the `beam_size` likeliest sequences instead, at a
+decoder call per token: offline files always, a live final when the engine has the headroom
+(docs/architecture.md, Decoding).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from engine.model.decoding import (
+    DecodingCancelled,
     DecodingOptions,
     DecodingResult,
     LogitRules,
@@ -23,7 +26,7 @@ from engine.model.decoding import (
     token_budget,
 )
 from engine.model.tokenizer import Tokenizer
-from engine.model.whisper import DecoderCache, Whisper
+from engine.model.whisper import Whisper
 
 BEAM_SIZE = 5
 MAX_BEAM_SIZE = 16  # (a setting's bound: each beam is a row of every decoder call)
@@ -56,33 +59,26 @@ class _Beam:
         return self.score / max(len(self.tokens) - forced, 1)
 
 
-def _reorder(cache: DecoderCache, sources: list[int], cross: list[tuple[Tensor, Tensor]]) -> None:
-    """Each kept beam's self-attention keys from the beam it extends; the window's cross keys
-    shared by every beam (a view, not a copy per beam)."""
-    index, n = torch.tensor(sources, device=cross[0][0].device), len(sources)
-    for layer, (k, v) in zip(cache.layers, cross, strict=True):
-        assert layer.self_k is not None and layer.self_v is not None
-        layer.self_k, layer.self_v = layer.self_k[index], layer.self_v[index]
-        layer.cross_k, layer.cross_v = k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])
-
-
 @torch.inference_mode()
 def decode_beam(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
                 cross: list[tuple[Tensor, Tensor]], options: DecodingOptions, suppress: list[int],
-                beam_size: int = BEAM_SIZE) -> DecodingResult:
+                beam_size: int = BEAM_SIZE, stop: Callable[[], bool] | None = None) -> DecodingResult:
     """audio_features: (1, n_audio_ctx, n_state) one window; cross: its `cross_kv` -> the
     likeliest of `beam_size` finished sequences under the same logit rules as greedy
     decoding. Each step extends every live beam by its `beam_size + 1` likeliest tokens and
     keeps the `beam_size` likeliest unfinished sequences; it ends once `beam_size` have
     finished (end-of-text, the budget, a loop), or none is left. The draft's first `forced`
     tokens start every beam (Whisper's prefix), weighing nothing; the rest of the draft is
-    not used."""
+    not used. `stop` is asked before every decoder call; when it says so,
+    DecodingCancelled is raised (the caller keeps its greedy decode)."""
     assert options.temperature == 0.0
     device, eot = audio_features.device, tokenizer.eot
     rules = LogitRules(tokenizer, suppress, model.dims.n_vocab, device)
     initial = initial_tokens(tokenizer, options)
     budget = token_budget(options.audio_seconds, model.dims.n_text_ctx, len(initial))
     forced = options.draft[: min(options.forced, budget - 1)]
+    if stop is not None and stop():
+        raise DecodingCancelled()
     cache = model.decoder.new_cache(cross)
     hidden = model.decoder.hidden(torch.tensor([initial + forced], device=device), audio_features,
                                   cache)  # (1, T, D)
@@ -112,7 +108,9 @@ def decode_beam(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
         finished += done[: beam_size - len(finished)]
         if len(finished) >= beam_size or not kept:
             break
-        _reorder(cache, sources, cross)
+        if stop is not None and stop():
+            raise DecodingCancelled()
+        cache.select(torch.tensor(sources, device=device))  # (the window's cross keys stay shared)
         live = kept
         tokens = torch.tensor([[b.tokens[-1]] for b in live], device=device)
         logits = model.decoder.logits(model.decoder.hidden(tokens, None, cache)[:, -1], eot + 1,

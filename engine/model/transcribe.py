@@ -139,9 +139,8 @@ def _decode_ladder(bundle: ModelBundle, features: torch.Tensor,
         if beam_size > 1 and n == 1 and options[0].temperature == 0.0:
             return [decode_beam(bundle.model, bundle.tokenizer, features, cross, options[0], bundle.suppress,
                                 beam_size)]
-        batch = [(k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])) for k, v in cross]
         return decode_batch(bundle.model, bundle.tokenizer, features.expand(n, *features.shape[1:]), options,
-                            bundle.suppress, cross=batch)
+                            bundle.suppress, cross=cross)  # (the window's cross keys shared by its rows)
 
     options = rows(prompt, temperatures)
     results = run(options)

@@ -161,11 +161,12 @@ class DecoderCache:
     row_lengths: Tensor | None = None
 
     def select(self, rows: Tensor) -> None:
-        """Keep only the given batch rows (for finished sequences or beam reordering)."""
+        """Keep only the given batch rows (for finished sequences or beam reordering); cross
+        keys of batch 1 are every row's and stay."""
         for layer in self.layers:
             for name in ("self_k", "self_v", "cross_k", "cross_v"):
                 value = getattr(layer, name)
-                if value is not None:
+                if value is not None and not (name.startswith("cross") and value.shape[0] == 1):
                     setattr(layer, name, value[rows])
         if self.key_mask is not None:
             self.key_mask = self.key_mask[rows]
@@ -201,9 +202,14 @@ class MultiHeadAttention(nn.Module):
 
         `mask` (B, 1, Tq, Tk) bool, True where a query may attend, replaces the causal mask.
         `qk`: a list the scaled attention logits (B, H, Tq, Tk) are appended to (unmasked
-        attention only; for word timing).
+        attention only; for word timing). Keys of batch 1 (with B > 1, unmasked) are shared
+        by every row.
         """
         b, tq, d = q.shape
+        if k.shape[0] == 1 < b and not causal and mask is None and qk is None:
+            # keys shared by every row (a window's beams): the rows' queries as one row's, so
+            # the keys are read once, not copied per row
+            return self.forward(q.reshape(1, b * tq, d), k, v).view(b, tq, d)
         h = self.n_head
         q = q.view(b, tq, h, d // h).transpose(1, 2)  # (B, H, Tq, D/H)
         # causal with a cache: query i sits at position (Tk - Tq + i) and may see keys <= it
