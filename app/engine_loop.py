@@ -173,7 +173,7 @@ class EngineLoop:
         engine = self.engine
         running = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
         has_final = any(w.live_final for w in step.scheduled.windows)
-        in_step = {w.request_id for w in step.scheduled.windows}
+        in_step = {w.request_id for w in step.scheduled.windows if w.live_final}
         while True:
             if self.commands:
                 touched = self._apply_commands()
@@ -193,7 +193,7 @@ class EngineLoop:
         self.load.record(started, now, (w.request_id for w in step.scheduled.windows if w.live_final))
         self.metrics.load.set(self.load.share(now))
         self.metrics.shedding.set(self.load.shedding)
-        self.metrics.searching.set(self.load.searching)
+        self.metrics.searching.set(self.load.searching and self.engine.config.beam_size > 1)
         self.metrics.step_time.observe(now - started)
         self.metrics.steps.inc()
         if output.num_fallbacks:

@@ -80,9 +80,8 @@ class Metrics:
                           "steps with a live final (engine/load.py)", registry=r)
         self.shedding = Gauge("voxtide_engine_shedding", "1 while partials come less often for load",
                               registry=r)
-        self.searching = Gauge("voxtide_engine_searching", "1 while live finals are searched with "
-                               "beams (the load leaves headroom)", registry=r)
-        self.searching.set(1)  # (an idle engine searches)
+        self.searching = Gauge("voxtide_engine_searching", "1 while the load leaves headroom for "
+                               "live finals' beam searches (beam_size over 1)", registry=r)
         self.fallbacks = Counter("voxtide_decode_fallbacks",
                                  "Windows re-decoded at a higher temperature (loops, low confidence)",
                                  registry=r)

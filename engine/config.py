@@ -39,10 +39,11 @@ class EngineConfig:
     # better (docs/evaluation.md, The prompt's length)
     prompt_tokens: int = 100
     # beams of a decode committed whole (a final, a file's window: engine.model.beam), after
-    # its greedy decode (its preview's tokens verified as a draft in a call or two); partials
-    # stay greedy. A search takes a decoder call per token: it runs only while the engine has
-    # headroom (engine/load.py) and no other live session's final is due, and gives way to one
-    # that falls due (the greedy decode stays). 1: greedy only
+    # its greedy decode (its preview's tokens verified as a draft in a call or two); windows
+    # not committed whole stay greedy. A search takes a decoder call per token: it runs only
+    # while the engine has headroom (engine/load.py) for a final alone in its step with no
+    # other live final due, and gives way to one that falls due (the greedy decode stays).
+    # 1: greedy only
     beam_size: int = 5
     # -- scheduling
     decode_interval_ms: int = 1000  # new audio between two partial decodes of a session

@@ -6,8 +6,9 @@ required share grows (more sessions, or a busy neighbour taking CPU), partials c
 often. They are not dropped: a final decode verifies its window's last partial as its draft
 instead of generating every token, so finals without partials cost more. A final's beam
 search (EngineConfig.beam_size) is spent from headroom: it runs only while the share is under
-`SEARCH_SHARE`, about what 8 sessions' greedy finals take on 2 CPU cores, so a busy engine
-keeps its finals' latency and an idle one reads them better.
+`SEARCH_SHARE`, set under what 8 sessions' greedy finals take on 2 CPU cores
+(docs/performance.md, Searched finals), so a busy engine keeps its finals' latency and an idle
+one reads them better.
 
 A new session is admitted while the sessions' lag at their finals (audio received minus
 audio committed, which the sessions note here) stays under `ADMIT_LAG_S` (p90 of the last

@@ -9,11 +9,11 @@ its own the runner has an interpreter to itself.
 `RunnerProcess` has the runner's `execute(ModelInput, stop)`. The worker gets each step's
 ModelInput through a pipe and sends back the RunnerOutput. The model's weights are shared
 with it, not copied (torch.multiprocessing: shared memory on the CPU, CUDA IPC on a GPU).
-Giving up a step of partials goes through an event both processes see (`stop_event`, which
-the engine uses as its `stop_partials`). If the worker dies, the step in flight raises
-WorkerError; the engine starts a new worker (`restart`) and schedules the step's windows
-again. A worker whose server died (kill -9) exits within `PARENT_POLL_S`: the pipe's end
-tells it only once it is waiting for a step.
+Giving up a step of partials, or the beam searches of a step of finals, goes through an
+event both processes see (`stop_event`, which the engine uses as its `stop_partials`). If the
+worker dies, the step in flight raises WorkerError; the engine starts a new worker
+(`restart`) and schedules the step's windows again. A worker whose server died (kill -9)
+exits within `PARENT_POLL_S`: the pipe's end tells it only once it is waiting for a step.
 
 The worker takes this process's torch threads with it: while one runs, this process's own
 torch work (the VAD, a few small ops a chunk) runs on one thread. At two threads here too, each
@@ -243,8 +243,9 @@ class RunnerProcess:
         return self.process.is_alive() and not self._conn.closed
 
     def execute(self, inp: ModelInput, stop: Callable[[], bool] | None = None) -> RunnerOutput:
-        """Run one step in the worker. A step of partials is given up when `stop_event` is
-        set (the engine's `stop_partials`); `stop` itself cannot cross to the worker."""
+        """Run one step in the worker. A step of partials (a step of finals' searches) is given
+        up when `stop_event` is set (the engine's `stop_partials`); `stop` itself cannot cross
+        to the worker."""
         return self._call(inp)
 
     def inject(self, hashes: list[str], features: list[torch.Tensor]) -> None:

@@ -125,7 +125,8 @@ def final_text(output) -> str:
 def test_a_final_is_searched_only_while_no_other_sessions_final_waits(monkeypatch):
     """Two finals due, one per step: the first is read greedy (the other waits for its step),
     the second searched. A search that is given up leaves the greedy reading: on this clip
-    greedy reads "coldhearted", 5 beams "cold-hearted" (tests/test_transcribe.py)."""
+    greedy reads "coldhearted", 5 beams "cold-hearted" (tests/test_transcribe.py). Two finals
+    in one step are read greedy (each would wait for the other's search)."""
     calls = searched_windows(monkeypatch)
     samples = audio(librivox_path("0890")).numpy()
     engine = Engine(bundle(), EngineConfig(max_finals=1))
@@ -145,6 +146,13 @@ def test_a_final_is_searched_only_while_no_other_sessions_final_waits(monkeypatc
     given_up = engine.runner.execute(step.model_input, lambda: True)
     assert calls == [(5, False)] * 2
     assert "coldhearted" in final_text(given_up) and not given_up.results[0].error
+    together = Engine(bundle(), EngineConfig(max_finals=2))  # two finals in one step: read greedy
+    for rid in ("a", "b"):
+        together.add_request(rid)
+        together.add_audio(rid, samples)
+        together.finish(rid)
+    step = together.schedule()
+    assert [(w.request_id, w.beam_size) for w in step.model_input.windows] == [("a", 1), ("b", 1)]
 
 
 def test_a_search_asked_to_stop_raises_before_its_next_decoder_call():

@@ -223,6 +223,25 @@ def three_windows() -> tuple[torch.Tensor, list[int], list[DecodingOptions]]:
     return features, prompt, options
 
 
+@pytest.mark.parametrize("rows, queries", [(5, 1), (3, 20), (16, 5)])
+def test_keys_of_batch_one_are_every_rows_as_a_copy_per_row_would_be(rows, queries):
+    """A window's beams share its cross keys (batch 1): attention reads them for all the rows'
+    queries at once, as it reads a copy per row (also where the rows' queries together pass
+    FEW_QUERIES, and the kernel changes)."""
+    b = exact_bundle()
+    attention = b.model.decoder.blocks[0].cross_attn
+    torch.manual_seed(0)
+    d = b.model.dims.n_text_state
+    q = torch.randn(rows, queries, d)
+    with torch.inference_mode():
+        xa = torch.randn(1, 1500, d)
+        k, v = attention.heads(attention.key(xa)), attention.heads(attention.value(xa))  # (1, H, 1500, D/H)
+        shared = attention(q, k, v)
+        copied = attention(q, k.repeat(rows, 1, 1, 1), v.repeat(rows, 1, 1, 1))
+    assert shared.shape == copied.shape == (rows, queries, d)
+    assert torch.allclose(shared, copied, atol=1e-5)
+
+
 def test_batched_decoding_equals_decoding_each_window_alone():
     b = bundle()
     features, prompt, options = three_windows()

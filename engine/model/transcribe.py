@@ -294,7 +294,7 @@ def _item_gains(gains: torch.Tensor, num_samples: int) -> torch.Tensor:
 @torch.inference_mode()
 def transcribe(bundle: ModelBundle, audio: torch.Tensor, beam_size: int = BEAM_SIZE) -> Transcript:
     """audio: (n,) float32 16 kHz mono -> Transcript with segment timestamps. `beam_size`:
-    the beams of each window's greedy decode (`decode_beam`; 1: greedy, as a live stream)."""
+    the beams of each window's greedy decode (`decode_beam`; 1: greedy)."""
     model = bundle.model
     duration = audio.shape[0] / SAMPLE_RATE
     audio = audio.float()
