@@ -11,7 +11,7 @@ import torch
 
 from app.config import ENV_PREFIX, ServerConfig, load_settings
 from engine.config import EngineConfig
-from engine.model.beam import BEAM_SIZE, MAX_BEAM_SIZE
+from engine.model.beam import BEAM_SIZE, check_beam_size
 
 SERVE_FLAGS = ("host", "port", "api_key", "max_sessions", "idle_timeout_s", "data_dir", "drain_s")
 
@@ -40,8 +40,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from audio import load_audio
     from engine.model.transcribe import transcribe
 
-    if not 1 <= args.beam_size <= MAX_BEAM_SIZE:
-        raise ValueError(f"--beam-size must be 1-{MAX_BEAM_SIZE}, got {args.beam_size}")
+    check_beam_size(args.beam_size, "--beam-size")
     bundle = _load(args, args.int8)
     status = 0
     for path in args.files:

@@ -172,13 +172,11 @@ class EngineLoop:
         final gives up their beam searches (they keep their greedy decodes) the same way."""
         engine = self.engine
         running = asyncio.ensure_future(asyncio.to_thread(engine.execute, step))
-        has_final = any(w.live_final for w in step.scheduled.windows)
-        in_step = {w.request_id for w in step.scheduled.windows if w.live_final}
+        finals = {w.request_id for w in step.scheduled.windows if w.live_final}
         while True:
             if self.commands:
-                touched = self._apply_commands()
-                if has_final:  # (a session's own next final waits for this step's anyway)
-                    touched -= in_step
+                # (a session's own next final waits for this step's final anyway)
+                touched = self._apply_commands() - finals
                 if not engine.stop_partials.is_set() and engine.final_fell_due(touched):
                     engine.stop_partials.set()
             if running.done():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from audio.frames import ITEM_SAMPLES
-from engine.model.beam import MAX_BEAM_SIZE
+from engine.model.beam import check_beam_size
 from engine.model.decoding import MAX_PROMPT_TOKENS
 from engine.scheduler import SchedulerConfig
 from engine.timeline import item_positions, ms_to_positions, seconds_to_positions
@@ -83,8 +83,7 @@ class EngineConfig:
         for name in ("encoder_budget_s", "encoder_cache_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 second, got {getattr(self, name)}")
-        if not 1 <= self.beam_size <= MAX_BEAM_SIZE:
-            raise ValueError(f"beam_size must be 1-{MAX_BEAM_SIZE}, got {self.beam_size}")
+        check_beam_size(self.beam_size)
         if not 0 <= self.prompt_tokens <= MAX_PROMPT_TOKENS:
             raise ValueError(f"prompt_tokens must be 0-{MAX_PROMPT_TOKENS}, got {self.prompt_tokens}")
         if not 0.0 < self.vad_threshold < 1.0:

@@ -233,12 +233,12 @@ class Engine:
             stream.skip_silence()
         scheduled = self.scheduler.schedule(s.request for s in self.streams.values())
         self.num_due_at_schedule = self.scheduler.num_due
+        if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
+            return None
         # a final's search is spent from headroom, and no other session's final waits for it:
         # none left out of the step, none in it (the step's finals are searched one by one)
         alone = sum(w.live_final for w in scheduled.windows) <= 1
         beam_size = self.config.beam_size if self.searching and alone and not self.finals_waiting() else 1
-        if not (scheduled.windows or scheduled.encoder_inputs or scheduled.freed_mm_hashes):
-            return None
         inp = ModelInput(freed_mm_hashes=scheduled.freed_mm_hashes)
         for request_id, indices in scheduled.encoder_inputs.items():
             features = self.streams[request_id].request.mm_features

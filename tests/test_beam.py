@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import app.cli as cli
 import engine.model.transcribe as offline
 import engine.model_runner as model_runner
 from app.engine_loop import EngineLoop
@@ -80,10 +81,12 @@ def test_forced_tokens_open_every_beam_and_weigh_nothing():
     assert sum(chosen) / (len(chosen) + 1) >= searched.avg_logprob  # (end-of-text's counts too)
 
 
-def test_beam_size_must_be_sane():
+def test_beam_size_must_be_sane(capsys):
     for bad in (0, 17):
         with pytest.raises(ValueError, match="beam_size"):
             EngineConfig(beam_size=bad)
+        assert cli.main(["transcribe", "missing.wav", "--beam-size", str(bad)]) == 2  # before the model loads
+        assert "--beam-size must be 1-16" in capsys.readouterr().err
 
 
 def searched_windows(monkeypatch) -> list[tuple[int, bool]]:

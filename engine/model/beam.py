@@ -32,6 +32,12 @@ BEAM_SIZE = 5
 MAX_BEAM_SIZE = 16  # (a setting's bound: each beam is a row of every decoder call)
 
 
+def check_beam_size(beam_size: int, name: str = "beam_size") -> None:
+    """ValueError unless `beam_size` (the setting called `name`) is 1-MAX_BEAM_SIZE."""
+    if not 1 <= beam_size <= MAX_BEAM_SIZE:
+        raise ValueError(f"{name} must be 1-{MAX_BEAM_SIZE}, got {beam_size}")
+
+
 @dataclass
 class _Beam:
     """One sequence: its tokens, their log-probabilities and how it stopped (when it did)."""
