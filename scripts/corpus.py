@@ -44,7 +44,8 @@ A manifest holds the file's rate and channels, its speech level and noise, every
 kind "silence", "noise", "reverb" (the tail of the speech before it) or "offset" (a DC offset
 and clicks); noise_dbfs). Seeded: the same seed builds the same files.
 
-    scripts/dev.sh run python scripts/corpus.py [--out data/corpus] [--quick] [--seed 0]
+    scripts/dev.sh run python scripts/corpus.py [--out data/corpus] [--quick] [--seeds 0 ...] \
+        [--conditions hesitant ...]
 
 The second half of this module scores a transcript with word times against a manifest: the
 alignment of normalized words, the longest dropped passage, words placed inside long gaps and
@@ -63,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -796,21 +798,41 @@ def real_ivr(seed: int, quick: bool) -> Clip:
     return layout("real-ivr", "real-ivr", pieces, [rng.uniform(0.6, 1.2) for _ in pieces[1:]])
 
 
-def clips(seed: int = 0, quick: bool = False) -> list[Clip]:
-    """Every clip of the corpus (`quick`: a few minutes in all, every condition present)."""
+PROGRAM_CONDITIONS = ("level-0", "level-20", "level-30", "level-50", "level-drop", "pink-snr20",
+                      "pink-snr10", "white-snr20", "white-snr10", "babble-snr12", "reverb", "cheap-mic",
+                      "hot-mic", "telephone-8k", "stereo-44k")
+CONDITIONS = (*PROGRAM_CONDITIONS, "festival", "festival-pink-snr10", "gaps-silence", "gaps-noise",
+              "gaps-sounds", "pauses-short", "run-on", "hesitant", "long-session", "end-abrupt",
+              "previous-set", "real-ivr")
+
+
+def clips(seed: int = 0, quick: bool = False, conditions: Collection[str] = CONDITIONS) -> list[Clip]:
+    """Every clip of the corpus's `conditions` (`quick`: a few minutes in all, every condition
+    present). Each builder seeds its own generator, so a clip is the same built alone or with
+    the rest."""
+    want = set(conditions)
     real = recordings()
-    out = program_conditions(program(seed, quick, real), seed) + festival(seed, quick)
-    out.append(gap_clip("gaps-silence", seed, quick, 6, [5.0, 8.0] if quick else
-                        [5.0, 8.0, 12.0, 20.0, 30.0, 45.0, 60.0]))
-    noisy = gap_clip("gaps-noise", seed, quick, 9, [6.0, 5.0] if quick else
-                     [6.0, 9.0, 10.0, 15.0, 25.0, 40.0, 55.0])
-    out.append(with_noise(noisy, "gaps-noise", "pink", -60.0, seed))
-    sounds = gap_clip("gaps-sounds", seed, quick, 12, [5.0, 7.0] if quick else
-                      [5.0, 7.0, 10.0, 14.0, 20.0, 30.0, 45.0])
-    out.append(with_sounds(sounds, "gaps-sounds", seed))
-    out += close_pauses(seed, quick) + [hesitant(seed, quick)]
-    out.append(long_session(seed, quick, real))
-    return out + end_clips(seed, quick) + previous_set(quick, real) + [real_ivr(seed, quick)]
+    out = program_conditions(program(seed, quick, real), seed) if want & set(PROGRAM_CONDITIONS) else []
+    if want & {"festival", "festival-pink-snr10"}:
+        out += festival(seed, quick)
+    if "gaps-silence" in want:
+        out.append(gap_clip("gaps-silence", seed, quick, 6, [5.0, 8.0] if quick else
+                            [5.0, 8.0, 12.0, 20.0, 30.0, 45.0, 60.0]))
+    if "gaps-noise" in want:
+        noisy = gap_clip("gaps-noise", seed, quick, 9, [6.0, 5.0] if quick else
+                         [6.0, 9.0, 10.0, 15.0, 25.0, 40.0, 55.0])
+        out.append(with_noise(noisy, "gaps-noise", "pink", -60.0, seed))
+    if "gaps-sounds" in want:
+        sounds = gap_clip("gaps-sounds", seed, quick, 12, [5.0, 7.0] if quick else
+                          [5.0, 7.0, 10.0, 14.0, 20.0, 30.0, 45.0])
+        out.append(with_sounds(sounds, "gaps-sounds", seed))
+    out += close_pauses(seed, quick) if want & {"pauses-short", "run-on"} else []
+    out += [hesitant(seed, quick)] if "hesitant" in want else []
+    out += [long_session(seed, quick, real)] if "long-session" in want else []
+    out += end_clips(seed, quick) if "end-abrupt" in want else []
+    out += previous_set(quick, real) if "previous-set" in want else []
+    out += [real_ivr(seed, quick)] if "real-ivr" in want else []
+    return [c for c in out if c.condition in want]
 
 
 def manifest(clip: Clip, file: str) -> dict:
@@ -822,35 +844,53 @@ def manifest(clip: Clip, file: str) -> dict:
             "gaps": [{**g, "start": round(g["start"], 4), "end": round(g["end"], 4)} for g in clip.gaps]}
 
 
-def build(folder: Path = DEFAULT_DIR, seed: int = 0, quick: bool = False) -> Path:
-    """Write every clip (`<name>.wav`, PCM16, and `<name>.json`) and `index.json` -> its path."""
+def build(folder: Path = DEFAULT_DIR, seeds: Sequence[int] = (0,), quick: bool = False,
+          conditions: Collection[str] = CONDITIONS) -> Path:
+    """Write every clip (`<name>.wav`, PCM16, and `<name>.json`) and `index.json` -> its path.
+    Over several seeds each clip's name ends in `-s<seed>`; its condition stays, so a row pools
+    the seeds."""
+    unknown = sorted(set(conditions) - set(CONDITIONS))
+    if unknown or not seeds:
+        raise ValueError(f"unknown conditions {unknown}" if unknown else "no seed")
     folder.mkdir(parents=True, exist_ok=True)
-    index = {"version": VERSION, "seed": seed, "quick": quick, "clips": []}
-    for clip in clips(seed, quick):
-        sf.write(str(folder / f"{clip.name}.wav"), clip.audio, clip.rate, subtype="PCM_16")
-        (folder / f"{clip.name}.json").write_text(json.dumps(manifest(clip, f"{clip.name}.wav"), indent=1))
-        speech = sum(s["end"] - s["onset"] for s in clip.sentences)
-        index["clips"].append({"name": clip.name, "condition": clip.condition,
-                               "manifest": f"{clip.name}.json", "duration": clip.audio.shape[0] / clip.rate,
-                               "speech": round(speech, 3)})
+    index = {"version": VERSION, "seeds": list(seeds), "quick": quick,
+             "conditions": [c for c in CONDITIONS if c in set(conditions)], "clips": []}
+    for seed in seeds:
+        for clip in clips(seed, quick, conditions):
+            name = clip.name if len(seeds) == 1 else f"{clip.name}-s{seed}"
+            sf.write(str(folder / f"{name}.wav"), clip.audio, clip.rate, subtype="PCM_16")
+            (folder / f"{name}.json").write_text(
+                json.dumps({**manifest(clip, f"{name}.wav"), "name": name}, indent=1))
+            speech = sum(s["end"] - s["onset"] for s in clip.sentences)
+            index["clips"].append({"name": name, "condition": clip.condition, "seed": seed,
+                                   "manifest": f"{name}.json", "duration": clip.audio.shape[0] / clip.rate,
+                                   "speech": round(speech, 3)})
     path = folder / "index.json"
     path.write_text(json.dumps(index, indent=1))
     return path
 
 
-def load_index(folder: Path, seed: int = 0, quick: bool = False, rebuild: bool = False) -> dict:
-    """The corpus in `folder`, built first when it is missing or older. A corpus of another
-    seed or size is another one's data: ValueError, unless `rebuild`."""
+def describe(seeds: Sequence[int], quick: bool) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}{' (quick)' if quick else ''}"
+
+
+def load_index(folder: Path, seeds: Sequence[int] = (0,), quick: bool = False, rebuild: bool = False,
+               conditions: Collection[str] = CONDITIONS) -> dict:
+    """The corpus in `folder`, built first when it is missing or older (of `conditions` only).
+    A corpus of other seeds or size, or one that lacks some of `conditions`, is another one's
+    data: ValueError, unless `rebuild`."""
     path = folder / "index.json"
     index = json.loads(path.read_text()) if path.is_file() else None
-    if not rebuild and index is not None and index["version"] == VERSION \
-            and (index["seed"], index["quick"]) != (seed, quick):
-        raise ValueError(f"{folder} holds the corpus of seed {index['seed']}"
-                         f"{' (quick)' if index['quick'] else ''}: pass its seed, another folder, "
-                         f"or --rebuild to replace it")
+    if not rebuild and index is not None and index["version"] == VERSION:
+        held = index.get("seeds") or [index["seed"]]  # an index written before seeds were a list
+        missing = sorted(set(conditions) - set(index.get("conditions", CONDITIONS)))
+        if (list(held), index["quick"]) != (list(seeds), quick) or missing:
+            raise ValueError(f"{folder} holds the corpus of {describe(held, index['quick'])}"
+                             f"{f', without {missing}' if missing else ''}: pass its seeds and "
+                             f"conditions, another folder, or --rebuild to replace it")
     if rebuild or index is None or index["version"] != VERSION:
         print(f"building the corpus in {folder} ...", file=sys.stderr)
-        index = json.loads(build(folder, seed, quick).read_text())
+        index = json.loads(build(folder, seeds, quick, conditions).read_text())
     return index
 
 
@@ -1037,10 +1077,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="default: data/corpus (data/corpus-quick)")
     parser.add_argument("--quick", action="store_true", help="a few minutes, every condition")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0],
+                        help="several: each clip once per seed, named <clip>-s<seed>")
+    parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=CONDITIONS,
+                        metavar="CONDITION", help="only these conditions")
     args = parser.parse_args()
     folder = args.out or DEFAULT_DIR.with_name("corpus-quick" if args.quick else "corpus")
-    index = json.loads(build(folder, args.seed, args.quick).read_text())
+    index = json.loads(build(folder, args.seeds, args.quick, args.conditions).read_text())
     print(f"{folder}:\n{summary(index)}")
     return 0
 

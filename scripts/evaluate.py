@@ -29,7 +29,7 @@ onset|); and for streaming the latencies: of each final (from the end of the sen
 word is in), and of each sentence (when the last of its words came in a final, from its end: a
 final held for the next utterance shows here).
 
-    scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] \\
+    scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] [--seeds 0 ...] \\
         [--conditions level-30 ...] [--skip stream file offline fw-int8] [--replay] \\
         [--prompt-tokens 100] [--json out.json] [--doc]
     scripts/dev.sh run python scripts/evaluate.py --rescore out.json [more.json[:offline,...] ...] [--doc]
@@ -70,6 +70,7 @@ from engine.model import ModelBundle, load_bundle  # noqa: E402
 from engine.model.loader import default_model_path  # noqa: E402
 from engine.model.transcribe import transcribe  # noqa: E402
 from scripts.corpus import (  # noqa: E402
+    CONDITIONS,
     DEFAULT_DIR,
     START_WORDS,
     Score,
@@ -119,8 +120,9 @@ class Result:
         self.scores[system] = score(self.clip.manifest, words)
 
 
-def load_clips(folder: Path, quick: bool, seed: int, rebuild: bool, conditions: list[str]) -> list[Clip]:
-    index = load_index(folder, seed, quick, rebuild)
+def load_clips(folder: Path, quick: bool, seeds: list[int], rebuild: bool,
+               conditions: list[str]) -> list[Clip]:
+    index = load_index(folder, seeds, quick, rebuild, conditions or CONDITIONS)
     out = []
     for entry in index["clips"]:
         if conditions and entry["condition"] not in conditions:
@@ -512,9 +514,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the quick corpus (a few minutes)")
     parser.add_argument("--corpus", type=Path, default=None, help="default: data/corpus(-quick)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0],
+                        help="these seeds' corpus (several: each clip once per seed, a row pools them)")
     parser.add_argument("--rebuild", action="store_true", help="build the corpus anew")
-    parser.add_argument("--conditions", nargs="*", default=[], help="only these conditions")
+    parser.add_argument("--conditions", nargs="*", default=[], choices=CONDITIONS, metavar="CONDITION",
+                        help="only these conditions (a corpus built anew holds only these)")
     parser.add_argument("--parallel", type=int, default=1, help="streaming sessions at once")
     parser.add_argument("--fast", action="store_true", help="stream as fast as possible")
     parser.add_argument("--pad-seconds", type=int, default=None)
@@ -541,7 +545,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     folder = args.corpus or DEFAULT_DIR.with_name("corpus-quick" if args.quick else "corpus")
     try:
-        clips = load_clips(folder, args.quick, args.seed, args.rebuild, args.conditions)
+        clips = load_clips(folder, args.quick, args.seeds, args.rebuild, args.conditions)
     except ValueError as e:  # a folder of another corpus
         parser.error(str(e))
     results = [Result(c) for c in clips]
