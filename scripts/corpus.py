@@ -875,22 +875,22 @@ def describe(seeds: Sequence[int], quick: bool) -> str:
 
 
 def load_index(folder: Path, seeds: Sequence[int] = (0,), quick: bool = False, rebuild: bool = False,
-               conditions: Collection[str] = CONDITIONS) -> dict:
-    """The corpus in `folder`, built first when it is missing or older (of `conditions` only).
-    A corpus of other seeds or size, or one that lacks some of `conditions`, is another one's
-    data: ValueError, unless `rebuild`."""
+               conditions: Collection[str] | None = None) -> dict:
+    """The corpus in `folder`, built first when it is missing or older (of `conditions` only;
+    None: every one, or those the folder holds). A corpus of other seeds or size, or one that
+    lacks some of `conditions`, is another one's data: ValueError, unless `rebuild`."""
     path = folder / "index.json"
     index = json.loads(path.read_text()) if path.is_file() else None
     if not rebuild and index is not None and index["version"] == VERSION:
         held = index.get("seeds") or [index["seed"]]  # an index written before seeds were a list
-        missing = sorted(set(conditions) - set(index.get("conditions", CONDITIONS)))
+        missing = sorted(set(conditions or []) - set(index.get("conditions", CONDITIONS)))
         if (list(held), index["quick"]) != (list(seeds), quick) or missing:
             raise ValueError(f"{folder} holds the corpus of {describe(held, index['quick'])}"
                              f"{f', without {missing}' if missing else ''}: pass its seeds and "
                              f"conditions, another folder, or --rebuild to replace it")
     if rebuild or index is None or index["version"] != VERSION:
         print(f"building the corpus in {folder} ...", file=sys.stderr)
-        index = json.loads(build(folder, seeds, quick, conditions).read_text())
+        index = json.loads(build(folder, seeds, quick, conditions or CONDITIONS).read_text())
     return index
 
 

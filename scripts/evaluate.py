@@ -122,7 +122,7 @@ class Result:
 
 def load_clips(folder: Path, quick: bool, seeds: list[int], rebuild: bool,
                conditions: list[str]) -> list[Clip]:
-    index = load_index(folder, seeds, quick, rebuild, conditions or CONDITIONS)
+    index = load_index(folder, seeds, quick, rebuild, conditions or None)
     out = []
     for entry in index["clips"]:
         if conditions and entry["condition"] not in conditions:
@@ -518,7 +518,8 @@ def main() -> int:
                         help="these seeds' corpus (several: each clip once per seed, a row pools them)")
     parser.add_argument("--rebuild", action="store_true", help="build the corpus anew")
     parser.add_argument("--conditions", nargs="*", default=[], choices=CONDITIONS, metavar="CONDITION",
-                        help="only these conditions (a corpus built anew holds only these)")
+                        help="only these conditions (a corpus built anew holds only these; "
+                             "default: every one the corpus holds)")
     parser.add_argument("--parallel", type=int, default=1, help="streaming sessions at once")
     parser.add_argument("--fast", action="store_true", help="stream as fast as possible")
     parser.add_argument("--pad-seconds", type=int, default=None)

@@ -63,6 +63,7 @@ def test_a_corpus_of_some_conditions_over_several_seeds(built, tmp_path):
     assert np.array_equal(alone, whole) and not np.array_equal(alone[: other.size], other[: alone.size])
     assert json.loads((tmp_path / "hesitant-s5.json").read_text())["name"] == "hesitant-s5"
     assert corpus.load_index(tmp_path, seeds=[0, 5], quick=True, conditions=["hesitant"]) == index2
+    assert corpus.load_index(tmp_path, seeds=[0, 5], quick=True) == index2  # (what it holds)
     with pytest.raises(ValueError, match="seeds 0, 5 \\(quick\\), without \\['level-0'\\]"):
         corpus.load_index(tmp_path, seeds=[0, 5], quick=True, conditions=["hesitant", "level-0"])
     with pytest.raises(ValueError, match="unknown conditions"):
