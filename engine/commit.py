@@ -31,8 +31,8 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   sentence ends on: "across the.") is held the same way, sure or not, where its window has
   room: a talker stopped to think mid-sentence, and the rest read alone as a new sentence
   reads worse ("Coming in a mood to see no one hand across the." for "carrying our boots in
-  our hands across the"). So is every live final of a talker whom the finals after two of
-  their last eight pauses read going on with the sentence (`PauseHabit`); the final after
+  our hands across the"). So is every live final of a talker whom the finals after three
+  of their last eight pauses read going on with the sentence (`PauseHabit`); the final after
   such a hold that reads the held pause as a sentence's end commits the held words and
   holds only the new utterance. One that reads none of seconds of speech after the held
   words commits them as it read them and is retried from their end, as any final that ends
@@ -97,7 +97,10 @@ UNFINISHED_ROOM_POSITIONS = 10 * POSITIONS_PER_SECOND
 # ... and so does every live final of a talker who pauses inside sentences: the finals after
 # this many of their last PAUSE_HABIT_PAUSES pauses read on across them (`PauseHabit`)
 PAUSE_HABIT_PAUSES = 8
-PAUSE_HABIT_MIN = 2
+PAUSE_HABIT_MIN = 3
+# a given sentence's closing mark the decoder, hearing the speech after it, finds less likely
+# than not: the talker went on with the sentence (`reads_on`)
+GIVEN_MARK_LOGPROB = -0.69  # log(1/2)
 SHORT_READING = 0.75  # a reading with fewer letters than this share of the other's skipped speech
 # a hold's release whose words over the held words spell under this share of their letters
 # passed over them (`skips_held`; a garbled reading of a few words may spell a quarter fewer)
@@ -153,6 +156,8 @@ class WindowFacts:
     # (a live final) where the reading after it starts: early in the pause that ended it
     # (SpeechMap.after_pause); None: at its end
     resume: int | None = None
+    # the decode's odds for the closing mark of the sentence it was given (WindowResult.given_logprob)
+    given_logprob: float | None = None
 
     @property
     def next_start(self) -> int:
@@ -245,27 +250,35 @@ def unfinished(facts: WindowFacts, ends_open: bool) -> bool:
             and facts.end - facts.start <= MAX_WINDOW_POSITIONS - UNFINISHED_ROOM_POSITIONS)
 
 
-def reads_on(before: Word | None, after: Word, given: bool) -> bool:
+def reads_on(before: Word | None, after: Word, given: bool, given_logprob: float | None = None) -> bool:
     """Whether a final reads on as one sentence across the pause a final before it ended at:
     the first word after the pause (`after`) begins in lower case, or the word before it
-    (`before`, as this final read it again; None: not found) ends no sentence, unless its
-    text was taken as given (`given`: a kept sentence's, with the mark the final before
-    read). Whisper, hearing the speech after a pause, reads a sentence's end or its going on
-    where the final at the pause, without it, could not."""
+    (`before`, as this final read it again; None: not found) ends no sentence. Where its text
+    was taken as given (`given`: a kept sentence's, with the mark the final before read), the
+    decoder is asked instead how likely that mark is (`given_logprob`, its log-probability
+    hearing the speech after the pause; None: not known): under GIVEN_MARK_LOGPROB, it reads
+    on. (A given mark fixes the case of the word after it, and read without the rest, a
+    fragment ends on a full stop as surely as a sentence does.) Whisper, hearing the speech
+    after a pause, reads a sentence's end or its going on where the final at the pause,
+    without it, could not."""
     letter = next((c for c in after.text if c.isalpha()), "")
     if letter.islower():
         return True
-    return before is not None and not given and not before.ends_sentence
+    if given:
+        return given_logprob is not None and given_logprob < GIVEN_MARK_LOGPROB
+    return before is not None and not before.ends_sentence
 
 
 class PauseHabit:
     """Whether the talker pauses inside sentences, from how the finals after their pauses
     read them (`reads_on`): some talkers stop to think mid-sentence as long as between
     sentences, and a final at such a pause, read without the rest, reads worse ("Scientists
-    leave it many years." for "Scientists needed many years ..."). Two of the last eight
-    pauses read on (one may be a misread capital) make every live final wait for the next
-    utterance (`unfinished`): whole sentences, for the latency of one utterance; a talker
-    whose pauses end sentences keeps finals at the pause."""
+    leave it many years." for "Scientists needed many years ..."). Three of the last eight
+    pauses read on make every live final wait for the next utterance (`unfinished`): whole
+    sentences, for the latency of one utterance. One may be a misread capital, another a
+    fluent talker's breath at a comma; a talker whose pauses end sentences keeps finals at
+    the pause, and one who reads a voice per sentence has no sentence read with the next
+    voice's."""
 
     def __init__(self) -> None:
         self.read_on: deque[bool] = deque(maxlen=PAUSE_HABIT_PAUSES)

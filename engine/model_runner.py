@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -97,6 +97,9 @@ class WindowResult:
     # its words' times are from the audio (`WindowInput.timed`, the alignment ran), not its
     # segments' times spread by characters
     timed: bool = True
+    # the decoder's log-probability of the kept sentence's closing mark, given as context,
+    # hearing the speech after it (DecodingResult.given_logprob); None: nothing given
+    given_logprob: float | None = None
 
 
 @dataclass
@@ -354,11 +357,12 @@ class ModelRunner:
                 beam_size = 1
         copied = copies_prompt(bundle.tokenizer, decoded.tokens, options.prompt)
         if not (decoded.needs_fallback or copied):
-            return decoded
-        return decode_with_fallback(bundle, features, [] if copied else options.prompt, options.audio_seconds,
-                                    TEMPERATURES if copied else TEMPERATURES[1:], cross,
-                                    earlier=None if copied else decoded, speech_heard=options.speech_heard,
-                                    beam_size=beam_size)
+            return replace(decoded, given_logprob=greedy.given_logprob)
+        prompt, temperatures = ([], TEMPERATURES) if copied else (options.prompt, TEMPERATURES[1:])
+        again = decode_with_fallback(bundle, features, prompt, options.audio_seconds,
+                                     temperatures, cross, earlier=None if copied else decoded,
+                                     speech_heard=options.speech_heard, beam_size=beam_size)
+        return replace(again, given_logprob=greedy.given_logprob)  # (the fallback is given nothing)
 
     @staticmethod
     def _options(w: WindowInput) -> DecodingOptions:
@@ -379,7 +383,8 @@ class ModelRunner:
                           self.bundle.tokenizer.timestamp_begin)
         return WindowResult(window.request_id, words, window.final, window.preview,
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
-                            tokens=decoded.tokens, failed=decoded.needs_fallback, timed=starts is not None)
+                            tokens=decoded.tokens, failed=decoded.needs_fallback, timed=starts is not None,
+                            given_logprob=decoded.given_logprob)
 
 
 def _failed(window: ScheduledWindow, e: Exception) -> WindowResult:

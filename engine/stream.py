@@ -479,7 +479,7 @@ class Stream:
             facts, ms_to_positions(policy.committed_end_ms), sureness, len(new))
         redo = passed_over and may_retry
         # where the speech after the last final's pause starts, if this final reads it ended a sentence
-        ended = self._read_pause(words, facts.start) if live_final and not (reread or passed_over) else None
+        ended = self._read_pause(words, facts) if live_final and not (reread or passed_over) else None
         # held words are done where no speech came after them, or this final read none of seconds of it
         last_word = self.held is not None and request.last_speech_end <= self.held[0]
         moved = live_final and not (reread or passed_over or last_word) and self._done_with_hold(facts, words)
@@ -567,7 +567,8 @@ class Stream:
             after = -(-ms_to_positions(self.speech.after_pause(positions_to_ms(end))) // size) * size
             resume = max(start, min(after, end))
         return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
-                                  complete, self._pending_ms(end), result.failed, resume)
+                                  complete, self._pending_ms(end), result.failed, resume,
+                                  result.given_logprob)
 
     def _pending_ms(self, end: int) -> int:
         """Audio that waits uncommitted up to `end` (positions), for agreement's bound
@@ -646,11 +647,12 @@ class Stream:
         policy = self.policy
         return policy.num_reread(self._reread_ms()) < policy.num_window_committed
 
-    def _read_pause(self, words: list[Word], start: int) -> int | None:
-        """A live final's decode of the window from `start`, `words`, reads the last final's
-        pause (`pause_word`'s end) on or to a sentence's end, where words follow it: the
-        talker's habit. -> where the words after the pause start (ms), if read after a
-        sentence's end; else None."""
+    def _read_pause(self, words: list[Word], facts: commit.WindowFacts) -> int | None:
+        """A live final's decode of its window, `words`, reads the last final's pause
+        (`pause_word`'s end) on or to a sentence's end, where words follow it: the talker's
+        habit (where the decode was given the sentence before the pause, its odds for that
+        sentence's mark tell: `facts.given_logprob`). -> where the words after the pause start
+        (ms), if read after a sentence's end; else None."""
         word = self.pause_word
         if word is None:
             return None
@@ -662,7 +664,8 @@ class Stream:
             return None
         before = next((w for w in reversed(words[:after]) if _read_again(w, word)), None)
         # (a kept sentence taken as given has the mark the final before read)
-        read_on = commit.reads_on(before, words[after], self.forced(start, preview=False) > 0)
+        given = self.forced(facts.start, preview=False) > 0
+        read_on = commit.reads_on(before, words[after], given, facts.given_logprob)
         self.habit.observe(read_on)
         return None if read_on else words[after].start_ms
 

@@ -902,9 +902,10 @@ def test_a_final_read_stopping_inside_a_sentence_waits_to_be_read_with_the_next_
 def test_a_final_after_a_hold_that_again_stops_inside_the_sentence_holds_again():
     """A talker may stop twice in one sentence: the final that reads the held words with the
     next utterance, stopping inside the sentence again, holds them all; the final at the
-    sentence's end, of a talker whose finals read on across both pauses, is held too, and
-    the silence after it commits the whole sentence, read in one."""
+    sentence's end, of a talker whose finals read on across both pauses (and one before), is
+    held too, and the silence after it commits the whole sentence, read in one."""
     stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000)], seconds=9)
+    stream.habit.observe(True)  # (the final after an earlier pause of this talker read on)
     request = stream.request
     said = [read("carrying our boots in our", 400, 300, -0.1), read("hands across the", 3_000, 600, -0.1),
             read("cold stream.", 6_000, 900, -0.1)]  # one utterance each
@@ -1210,27 +1211,32 @@ def test_partials_that_skip_speech_after_committed_words_near_the_windows_start_
     assert [w.text for w in stream.policy.committed] == [w.text for w in read]
 
 
-@pytest.mark.parametrize("before, after, given, read_on", [
-    (" climb", " before", False, True), (" climb.", " before", False, True),
-    (" climb", " Before", False, True),  # read again with no sentence end before the pause
-    (" climb.", " Before", False, False), (" climb!", " I", False, False),
-    (" climb.", " 20", False, False), (" climb", " Before", True, False),
-    (None, " before", False, True), (None, " Before", False, False)])
-def test_a_final_reads_on_across_the_pause_before_it(before, after, given, read_on):
+@pytest.mark.parametrize("before, after, given, given_logprob, read_on", [
+    (" climb", " before", False, None, True), (" climb.", " before", False, None, True),
+    (" climb", " Before", False, None, True),  # read again with no sentence end before the pause
+    (" climb.", " Before", False, None, False), (" climb!", " I", False, None, False),
+    (" climb.", " 20", False, None, False), (" climb", " Before", True, None, False),
+    (None, " before", False, None, True), (None, " Before", False, None, False),
+    # given: its mark is the final before's; the decoder's odds for it tell
+    (" climb.", " Before", True, -2.0, True), (" climb.", " Before", True, -0.1, False),
+    (" climb.", " before", True, -0.1, True), (" climb.", " Before", False, -2.0, False)])
+def test_a_final_reads_on_across_the_pause_before_it(before, after, given, given_logprob, read_on):
     """The final after a pause reads the word before it again, with the speech after it: no
     sentence end there, or the word after in lower case, is a sentence the talker went on
-    with. Text taken as given (a kept sentence) has its mark from the final before."""
+    with. Text taken as given (a kept sentence) has its mark from the final before: there the
+    decoder's log-probability of that mark, hearing the speech after it, tells."""
     word = None if before is None else Word(before, 1_000, 1_300)
-    assert reads_on(word, Word(after, 2_000, 2_300), given) == read_on
+    assert reads_on(word, Word(after, 2_000, 2_300), given, given_logprob) == read_on
 
 
-def test_a_talker_pauses_inside_sentences_when_two_of_the_last_eight_pauses_are_read_on():
+def test_a_talker_pauses_inside_sentences_when_three_of_the_last_eight_pauses_are_read_on():
     habit = PauseHabit()
-    habit.observe(True)
-    assert not habit.inside_sentences  # one may be a misreading ("and" for "And")
+    for _ in range(2):
+        habit.observe(True)
+    assert not habit.inside_sentences  # a misread capital, or a fluent talker's pause at a comma
     habit.observe(True)
     assert habit.inside_sentences
-    for _ in range(6):
+    for _ in range(5):
         habit.observe(False)
     assert habit.inside_sentences
     habit.observe(False)
@@ -1238,31 +1244,32 @@ def test_a_talker_pauses_inside_sentences_when_two_of_the_last_eight_pauses_are_
 
 
 def test_a_talker_seen_pausing_inside_sentences_has_each_final_read_with_the_next_utterance():
-    """The finals after a talker's pauses read on across two of them as one sentence: from
+    """The finals after a talker's pauses read on across three of them as one sentence: from
     then on each live final waits, however it ends, to be read again with the next utterance
     (or alone after HOLD_SILENCE_MS of silence), as one that stops on "the" does."""
-    stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000), (9_000, 11_000)], seconds=12)
+    stream = speech_stream([(k * 3_000, k * 3_000 + 2_000) for k in range(5)], seconds=15)
     request = stream.request
-    said = ["We started the climb", "before dawn", "carrying our boots", "in our hands"]
-    starts = [400, 3_000, 6_000, 9_000]
+    said = ["We started the climb", "before dawn", "carrying our boots", "in our hands", "across the stream"]
+    starts = [400, 3_000, 6_000, 9_000, 12_000]
 
     def reading(n: int) -> list[Word]:  # the first n utterances, each ended by a full stop if last
         texts = [t + ("." if i == n - 1 else "") for i, t in enumerate(said[:n])]
         return [w for t, s in zip(texts, starts, strict=False) for w in read(t, s, 400, -0.1)]
 
     committed = []
-    for n in range(1, 5):
+    for n in range(1, 6):
         request.num_decoded_positions = request.endpoints[0]
         out = stream.apply(WindowResult("s", reading(n), final=True))
         committed += [w.text for w in out.committed]
-        assert stream.held is None if n < 3 else stream.held is not None
-    assert committed == [w.text for w in reading(1) + reading(2)[4:]]  # the third and fourth wait
-    assert [w.text for w in out.tentative] == [w.text for w in reading(4)][len(committed):]
+        assert stream.held is None if n < 4 else stream.held is not None
+    # the fourth and fifth wait
+    assert committed == [w.text for w in reading(1) + reading(2)[4:] + reading(3)[6:]]
+    assert [w.text for w in out.tentative] == [w.text for w in reading(5)][len(committed):]
     hear_silence(stream, 1_200)
     assert Scheduler.final_due(request)
     request.num_decoded_positions = Scheduler()._window(request, partial=False).window_end
-    out = stream.apply(WindowResult("s", reading(4), final=True))
-    assert [w.text for w in out.committed] == [w.text for w in reading(4)][len(committed):]
+    out = stream.apply(WindowResult("s", reading(5), final=True))
+    assert [w.text for w in out.committed] == [w.text for w in reading(5)][len(committed):]
     assert stream.held is None
 
 
@@ -1282,18 +1289,46 @@ def test_held_words_read_to_a_sentence_end_at_their_pause_are_committed_and_the_
     """The final after a held one reads its pause as a sentence's end (a full stop, and a
     capital after it): the held words are done and committed; the new utterance, of a
     talker who pauses inside sentences, waits for the next one."""
-    stream = speech_stream([(0, 2_000), (3_000, 5_000), (6_000, 8_000), (9_000, 11_000)], seconds=12)
+    stream = speech_stream([(k * 3_000, k * 3_000 + 2_000) for k in range(5)], seconds=15)
     request = stream.request
     utterances = [read("We started the climb", 400, 400, -0.1), read("before dawn", 3_000, 400, -0.1),
-                  read("carrying our boots", 6_000, 400, -0.1), read("Then we rested.", 9_000, 400, -0.1)]
+                  read("carrying our boots", 6_000, 400, -0.1), read("in our hands", 9_000, 400, -0.1),
+                  read("Then we rested.", 12_000, 400, -0.1)]
     ended = [read("We started the climb.", 400, 400, -0.1), read("before dawn.", 3_000, 400, -0.1),
-             read("carrying our boots.", 6_000, 400, -0.1)]
-    for n in range(3):  # the finals after the first two pauses read on: the third is held
+             read("carrying our boots.", 6_000, 400, -0.1), read("in our hands.", 9_000, 400, -0.1)]
+    for n in range(4):  # the finals after the first three pauses read on: the fourth is held
         request.num_decoded_positions = request.endpoints[0]
         stream.apply(WindowResult("s", [w for u in utterances[:n] for w in u] + ended[n], final=True))
     assert stream.held is not None
     request.num_decoded_positions = request.endpoints[0]
-    out = stream.apply(WindowResult("s", [w for u in utterances[:2] for w in u] + ended[2] + utterances[3],
+    out = stream.apply(WindowResult("s", [w for u in utterances[:3] for w in u] + ended[3] + utterances[4],
                                     final=True))
-    assert [w.text for w in out.committed] == [" carrying", " our", " boots."]
+    assert [w.text for w in out.committed] == [" in", " our", " hands."]
     assert [w.text for w in out.tentative] == [" Then", " we", " rested."] and stream.held is not None
+
+
+@pytest.mark.parametrize("given_logprob, inside", [(-2.0, True), (-0.1, False)])
+def test_a_talker_is_seen_pausing_inside_sentences_where_the_decoder_doubts_a_given_full_stop(
+        given_logprob, inside):
+    """A talker's fragments, each read alone as a sentence ("The old bridge.") and committed,
+    then given as the next final's context with their full stop: the word after one takes its
+    case from that stop, so the finals read no sentence going on. The decoder, hearing the
+    speech after the pause, finds the given stop unlikely (`given_logprob`): the talker pauses
+    inside sentences, and later finals wait for the next utterance. Sure of the stops, the
+    talker's pauses end sentences."""
+    texts = ["The old bridge.", "Over the river.", "Was closed.", "For repairs.", "All winter.",
+             "Nobody minded.", "In the village.", "At all."]
+    stream = speech_stream([(k * 3_000, k * 3_000 + 2_000) for k in range(len(texts))], seconds=26)
+    stream.full_stop = FULL_STOP
+    request = stream.request
+    given = 0
+    for k in range(len(texts)):
+        request.num_decoded_positions = request.endpoints[0]
+        start = positions_to_ms(request.window_start)
+        given += stream.forced(request.window_start, preview=False) > 0
+        reading = [w for i, t in enumerate(texts[: k + 1]) if i * 3_000 + 400 >= start
+                   for w in read(t, i * 3_000 + 400, 400, -0.1)]
+        stream.apply(WindowResult("s", reading, final=True, given_logprob=given_logprob))
+    assert given >= 2
+    assert stream.habit.inside_sentences == inside
+    assert (stream.held is not None) == inside

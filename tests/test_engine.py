@@ -25,6 +25,7 @@ from audio.frames import (
 from audio.mel import DYNAMIC_RANGE, log_mel_power, normalize_log_mel
 from audio.vad import detect
 from engine import model_runner, worker
+from engine.commit import GIVEN_MARK_LOGPROB
 from engine.config import EngineConfig
 from engine.engine import Engine, StepInput
 from engine.model.transcribe import transcribe
@@ -1188,7 +1189,9 @@ def test_a_long_windows_final_keeps_its_last_sentence_as_the_next_ones_context(m
     reads its sentence after that one (read alone, a sentence reads worse). The kept sentence
     is read again as context, never committed twice, and the final is not taken for a retry;
     its tokens open the window's draft and are taken as given (its text is not read again:
-    the next final's decode opens with it and reads on after it)."""
+    the next final's decode opens with it and reads on after it). The decoder, hearing the
+    next sentence, believes the given full stop: the talker is not taken to pause inside
+    sentences."""
     from scripts import corpus
 
     voice = corpus.Voice("espeak", "en-us", 160)
@@ -1197,11 +1200,17 @@ def test_a_long_windows_final_keeps_its_last_sentence_as_the_next_ones_context(m
     clip = corpus.layout("one-voice", "long-session", pieces, [1.5] * (len(pieces) - 1))
     cuts: list[tuple[int, int]] = []  # (window start, committed end), ms, after each final's cut
     drafts: list[tuple[list[int], list[int]]] = []  # (the kept words' tokens, the draft's text)
+    habits: list[bool] = []
     apply = Stream.apply
+
+    givens: list[float | None] = []  # per final read in a window that starts with a kept sentence
 
     def record(self: Stream, result):
         start = self.request.window_start
+        if result.final and result.words and self.forced(start, preview=False) > 0:
+            givens.append(result.given_logprob)
         out = apply(self, result)
+        habits.append(self.habit.inside_sentences)
         if result.final and self.request.window_start != start:
             cuts.append((positions_to_ms(self.request.window_start), self.policy.committed_end_ms))
             window = self.policy.committed[len(self.policy.committed) - self.policy.num_window_committed :]
@@ -1238,6 +1247,9 @@ def test_a_long_windows_final_keeps_its_last_sentence_as_the_next_ones_context(m
     assert len(forced) >= sum(end < ends[-1] - 500 for _, end in kept) >= len(kept) - 1
     for prefix, tokens in forced:
         assert len(tokens) > len(prefix) and tokens[: len(prefix)] == prefix
+    assert len(givens) >= len(kept) - 2 and None not in givens
+    assert sum(g > GIVEN_MARK_LOGPROB for g in givens) >= 0.8 * len(givens), givens
+    assert not any(habits)
     reference = " ".join(texts)
     hypothesis = "".join(w.text for w in words)
     errors, num_words = word_errors(reference, hypothesis)

@@ -445,3 +445,29 @@ def test_a_drafts_forced_tokens_are_taken_as_given_and_the_rest_read_after_them(
     hot = decode_batch(b.model, b.tokenizer, features[:1],
                        [replace(options[0], draft=other, forced=k, temperature=0.6, seed=3)], b.suppress)[0]
     assert hot.tokens[:k] == other and len(hot.tokens) > k
+    assert plain[0].given_logprob is None and abs(hot.given_logprob - forced.given_logprob) < 1e-4
+
+
+def test_a_decode_tells_how_likely_the_given_texts_last_token_is_hearing_the_window():
+    """The decoder's log-probability of the given text's last token, where it is fed, hearing
+    the whole window (`given_logprob`): the token greedy read there is likely, another one
+    unlikely; in a batch, each row's is its own, as alone (a row given nothing has none)."""
+    b = bundle()
+    features, _, options = three_windows()
+    plain = decode_batch(b.model, b.tokenizer, features, options, b.suppress)
+    row = plain[0].tokens
+    k = 9
+    last = max(i for i in range(k) if row[i] < b.tokenizer.eot)
+    own = decode_batch(b.model, b.tokenizer, features[:1], [replace(options[0], draft=row, forced=k)],
+                       b.suppress)[0]
+    assert -1.0 < own.given_logprob <= 0.0
+    assert abs(own.given_logprob - plain[0].token_logprobs[last]) < 0.05  # (greedy's is under the rules)
+    other = list(row[:k])
+    other[last] = next(t for t in row[:k] if t < b.tokenizer.eot)  # the first word, said again
+    assert other[last] != row[last]
+    odd = decode_batch(b.model, b.tokenizer, features[:1], [replace(options[0], draft=other, forced=k)],
+                       b.suppress)[0]
+    assert odd.given_logprob < own.given_logprob - 5
+    both = decode_batch(b.model, b.tokenizer, features[:2],
+                        [replace(options[0], draft=other, forced=k), options[1]], b.suppress)
+    assert abs(both[0].given_logprob - odd.given_logprob) < 1e-2 and both[1].given_logprob is None

@@ -81,6 +81,9 @@ class DecodingResult:
     temperature: float = 0.0
     token_logprobs: list[float] = field(default_factory=list)  # per token of `tokens`
     speech_heard: bool = False  # (DecodingOptions.speech_heard)
+    # the decoder's log-probability of the given text's last token (`given_end`: the kept
+    # sentence's closing mark), hearing the whole window, the speech after it too
+    given_logprob: float | None = None
 
     @property
     def ran_away(self) -> bool:
@@ -302,6 +305,7 @@ class _Row:
         self.num_forced = 0  # tokens of `seq` given (`DecodingOptions.forced`), not chosen
         self.stop = ""  # set when the row is done
         self.no_speech_prob = 0.0
+        self.given_logprob: float | None = None
         self.pending: list[int] = []  # draft tokens greedy decoding left, waiting to resync
         self.misses = 0  # decoder calls since `pending` was last in step
 
@@ -357,7 +361,34 @@ class _Row:
             temperature=self.options.temperature,
             token_logprobs=self.logprobs,
             speech_heard=self.options.speech_heard,
+            given_logprob=self.given_logprob,
         )
+
+
+def given_end(options: DecodingOptions, eot: int) -> int | None:
+    """The index in the draft of the given text's last text token (the closing mark of the
+    sentence a window keeps as context), or None where nothing is given."""
+    forced = options.draft[: options.forced]
+    return next((k for k in range(len(forced) - 1, -1, -1) if forced[k] < eot), None)
+
+
+def _given_logprobs(rows: list[_Row], logits: Tensor, starts: list[int], extras: list[int], eot: int) -> None:
+    """A first call's logits (wanted positions of every row, `_choices`) -> each row given
+    text sets its `given_logprob`: the log-probability of the given text's last token where it
+    is fed, the decoder hearing the whole window. A full stop given to a sentence a talker
+    paused in is unlikely once the rest of the sentence is heard."""
+    at, tokens, owners = [], [], []
+    for row, start, extra in zip(rows, starts, extras, strict=True):
+        k = given_end(row.options, eot)
+        if k is not None:
+            at.append(start + extra - 1 + k)  # the position after the token before it
+            tokens.append(row.options.draft[k])
+            owners.append(row)
+    if at:
+        picked = logits[at].log_softmax(dim=-1)  # (G, vocab)
+        values = picked.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0].tolist()
+        for row, value in zip(owners, values, strict=True):
+            row.given_logprob = value
 
 
 def _choose(rules: LogitRules, rows: list[_Row], logits: Tensor,
@@ -484,6 +515,8 @@ def decode_batch(model: Whisper, tokenizer: Tokenizer, audio_features: Tensor,
             no_speech = logits[starts].softmax(-1)[:, tokenizer.no_speech].tolist()
             for r, p in zip(active, no_speech, strict=True):
                 rows[r].no_speech_prob = p
+        if first:  # (before the rules mask `logits`)
+            _given_logprobs(rows, logits, starts, extras, eot)
         choices = logits if len(picks) == logits.shape[0] else logits[picks]  # (R, vocab)
         chosen, chosen_logprobs = _choose(rules, rows, choices, bounds, owners)
         keys_before = cache.num_tokens - width
