@@ -460,7 +460,7 @@ def rescore(runs: list[str], results: list[Result]) -> list[str]:
     since, and runs of one corpus, each of some systems, make one table (a replay, offline and
     faster-whisper run apart). A run is a path, or path:system,... for only those of its
     systems. -> the systems taken. A system taken from two runs is an error: which one the
-    table shows would be a guess."""
+    table shows would be a guess; so is a run of another corpus (no clip of it in this one)."""
     systems: set[str] = set()
     for run in runs:
         path, _, only = run.partition(":")
@@ -473,6 +473,9 @@ def rescore(runs: list[str], results: list[Result]) -> list[str]:
             twice = ", ".join(sorted(wanted & systems))
             raise ValueError(f"{path}: {twice} already taken from an earlier run "
                              f"(take others: {path}:system,...)")
+        if not saved.keys() & {r.clip.name for r in results}:
+            raise ValueError(f"{path}: none of its clips is in this corpus (pass the --corpus, --seeds "
+                             f"and --conditions it was run on)")
         systems |= wanted
         for r in results:
             entry = saved.get(r.clip.name)

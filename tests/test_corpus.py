@@ -386,6 +386,10 @@ def test_runs_saved_apart_are_scored_as_one_table_and_a_system_twice_is_refused(
     assert "replay - offline, points" in table and "| 33.3% | 0.0% | +33.3" in table
     with pytest.raises(ValueError, match="no stream"):
         rescore([f"{both}:stream"], unscored())
+    other = tmp_path / "other.json"
+    other.write_text(Path(replay).read_text().replace('"clip": "c"', '"clip": "c-s7"'))
+    with pytest.raises(ValueError, match="none of its clips"):
+        rescore([str(other)], unscored())
 
 
 def test_a_sentence_is_final_when_the_last_of_its_words_comes():
