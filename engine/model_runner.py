@@ -356,13 +356,13 @@ class ModelRunner:
             except DecodingCancelled:
                 beam_size = 1
         copied = copies_prompt(bundle.tokenizer, decoded.tokens, options.prompt)
-        if not (decoded.needs_fallback or copied):
-            return replace(decoded, given_logprob=greedy.given_logprob)
-        prompt, temperatures = ([], TEMPERATURES) if copied else (options.prompt, TEMPERATURES[1:])
-        again = decode_with_fallback(bundle, features, prompt, options.audio_seconds,
-                                     temperatures, cross, earlier=None if copied else decoded,
-                                     speech_heard=options.speech_heard, beam_size=beam_size)
-        return replace(again, given_logprob=greedy.given_logprob)  # (the fallback is given nothing)
+        if decoded.needs_fallback or copied:
+            prompt, temperatures = ([], TEMPERATURES) if copied else (options.prompt, TEMPERATURES[1:])
+            decoded = decode_with_fallback(bundle, features, prompt, options.audio_seconds,
+                                           temperatures, cross, earlier=None if copied else decoded,
+                                           speech_heard=options.speech_heard, beam_size=beam_size)
+        # (a search and a fallback are given nothing: the odds are the greedy decode's)
+        return replace(decoded, given_logprob=greedy.given_logprob)
 
     @staticmethod
     def _options(w: WindowInput) -> DecodingOptions:

@@ -81,7 +81,7 @@ class DecodingResult:
     temperature: float = 0.0
     token_logprobs: list[float] = field(default_factory=list)  # per token of `tokens`
     speech_heard: bool = False  # (DecodingOptions.speech_heard)
-    # the decoder's log-probability of the given text's last token (`given_end`: the kept
+    # the decoder's log-probability of the given text's last token (`_given_end`: the kept
     # sentence's closing mark), hearing the whole window, the speech after it too
     given_logprob: float | None = None
 
@@ -365,7 +365,7 @@ class _Row:
         )
 
 
-def given_end(options: DecodingOptions, eot: int) -> int | None:
+def _given_end(options: DecodingOptions, eot: int) -> int | None:
     """The index in the draft of the given text's last text token (the closing mark of the
     sentence a window keeps as context), or None where nothing is given."""
     forced = options.draft[: options.forced]
@@ -379,7 +379,7 @@ def _given_logprobs(rows: list[_Row], logits: Tensor, starts: list[int], extras:
     paused in is unlikely once the rest of the sentence is heard."""
     at, tokens, owners = [], [], []
     for row, start, extra in zip(rows, starts, extras, strict=True):
-        k = given_end(row.options, eot)
+        k = _given_end(row.options, eot)
         if k is not None:
             at.append(start + extra - 1 + k)  # the position after the token before it
             tokens.append(row.options.draft[k])
