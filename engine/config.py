@@ -34,10 +34,11 @@ class EngineConfig:
     # right after speech, this less 0.15): level-independent, and no words from noise
     vad_threshold: float = 0.5
     agree_after_ms: int = 8000  # with endpointing: agreement commits only past this much audio
-    # tokens of committed words a window's prompt holds at most: a prompt's tokens cost a
-    # decoder position each, in every window, and past a few sentences more of them read no
-    # better (docs/evaluation.md, The prompt's length)
-    prompt_tokens: int = 100
+    # tokens of committed words a window's prompt holds at most (a sentence or two): a live
+    # final's window already holds its last sentence, given; more text before it makes the
+    # decoder read the next sentence's first words from the text more than from the speech
+    # (docs/evaluation.md, The prompt and the sentences' first words)
+    prompt_tokens: int = 40
     # beams of a decode committed whole (a final, a file's window: engine.model.beam), after
     # its greedy decode (its preview's tokens verified as a draft in a call or two); windows
     # not committed whole stay greedy. A search takes a decoder call per token: it runs only
