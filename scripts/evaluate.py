@@ -31,7 +31,7 @@ final held for the next utterance shows here).
 
     scripts/dev.sh run python scripts/evaluate.py [--quick] [--parallel 8] [--fast] [--seeds 0 ...] \\
         [--conditions level-30 ...] [--skip stream file offline fw-int8] [--replay] \\
-        [--prompt-tokens 100] [--json out.json] [--doc]
+        [--prompt-tokens 40] [--json out.json] [--doc]
     scripts/dev.sh run python scripts/evaluate.py --rescore out.json [more.json[:offline,...] ...] [--doc]
 """
 
