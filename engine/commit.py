@@ -158,6 +158,11 @@ class WindowFacts:
     resume: int | None = None
     # the decode's odds for the closing mark of the sentence it was given (WindowResult.given_logprob)
     given_logprob: float | None = None
+    # the decode read the window's committed words again (LocalAgreement.rereads), as a partial
+    # that agreement may commit has to: one that passed over them to later speech stretches
+    # its first words over the speech between ("The rainforest" over 4 s of "patterns in the
+    # milk foam. The shop is busy all day", after a committed "... a lot")
+    rereads: bool = True
 
     @property
     def next_start(self) -> int:
@@ -184,7 +189,8 @@ def plan(facts: WindowFacts, decode_interval: int, agree_after_ms: int) -> Plan:
         return Plan(Action.FINAL)
     agree = facts.pending_ms > agree_after_ms
     if not commits_whole(facts.start, facts.end, False, decode_interval):
-        if facts.failed:  # two decodes of one loop, or two read unsure, agree on it
+        # two decodes of one loop, or two read unsure, agree on it; or on the speech after a skip
+        if facts.failed or not facts.rereads:
             return Plan(Action.AGREE, counts=False)
         return Plan(Action.AGREE, agree)
     complete = facts.complete

@@ -39,12 +39,12 @@ class EngineConfig:
     # decoder read the next sentence's first words from the text more than from the speech
     # (docs/evaluation.md, The prompt and the sentences' first words)
     prompt_tokens: int = 40
-    # beams of a decode committed whole (a final, a file's window: engine.model.beam), after
-    # its greedy decode (its preview's tokens verified as a draft in a call or two); windows
-    # not committed whole stay greedy. A search takes a decoder call per token: it runs only
-    # while the engine has headroom (engine/load.py) for a final alone in its step with no
-    # other live final due, and gives way to one that falls due (the greedy decode stays).
-    # 1: greedy only
+    # beams of a decode committed whole (a final, a file's window: engine.model.beam), or of a
+    # partial whose words agreement may commit, after its greedy decode (its preview's tokens
+    # verified as a draft in a call or two); other partials stay greedy. A search takes a
+    # decoder call per token: it runs only while the engine has headroom (engine/load.py), in
+    # a step with at most one live final and no other live final due, and gives way to one
+    # that falls due (the greedy decode stays). 1: greedy only
     beam_size: int = 5
     # -- scheduling
     decode_interval_ms: int = 1000  # new audio between two partial decodes of a session

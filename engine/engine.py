@@ -239,6 +239,10 @@ class Engine:
         # none left out of the step, none in it (the step's finals are searched one by one)
         alone = sum(w.live_final for w in scheduled.windows) <= 1
         beam_size = self.config.beam_size if self.searching and alone and not self.finals_waiting() else 1
+        # so is a partial's whose words agreement may commit, alone in its step: several would
+        # be searched one after another, and the finals that fall due wait for the step
+        agreeing = sum(not w.commits_whole and self.streams[w.request_id].may_commit(w)
+                       for w in scheduled.windows)
         inp = ModelInput(freed_mm_hashes=scheduled.freed_mm_hashes)
         for request_id, indices in scheduled.encoder_inputs.items():
             features = self.streams[request_id].request.mm_features
@@ -261,7 +265,7 @@ class Engine:
             inp.windows.append(WindowInput(window, pieces, prompt, draft,
                                            stream.forced(window.window_start, window.preview),
                                            stream.may_commit(window), stream.heard_speech(window),
-                                           beam_size))
+                                           beam_size if window.commits_whole or agreeing <= 1 else 1))
         return StepInput(scheduled, inp)
 
     def execute(self, step: StepInput) -> RunnerOutput:

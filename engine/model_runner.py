@@ -28,6 +28,7 @@ import torch
 
 from audio.frames import STREAM_LOG_FLOOR, item_log_mel
 from audio.mel import SILENCE_LOG_POWER, normalize_log_mel
+from engine.commit import SHORT_READING
 from engine.model import ModelBundle
 from engine.model.beam import decode_beam
 from engine.model.decoding import (
@@ -61,7 +62,8 @@ class WindowInput:
     # spread over its words, enough for the tentative tail)
     timed: bool = True
     speech_heard: bool = False  # the VAD heard speech in its audio past the committed words
-    beam_size: int = 1  # the beams of its decode at temperature 0, if committed whole (decode_beam)
+    # the beams of its decode at temperature 0, if committed whole or by agreement (decode_beam)
+    beam_size: int = 1
 
     @property
     def request_id(self) -> str:
@@ -294,10 +296,11 @@ class ModelRunner:
                     decoded.append(e)
         kept: list[DecodingResult | Exception] = []
         for b, (w, opts, d) in enumerate(zip(inputs, options, decoded, strict=True)):
-            if w.window.commits_whole and isinstance(d, DecodingResult) and not d.is_silence:
+            if isinstance(d, DecodingResult) and not d.is_silence and (w.window.commits_whole or w.timed):
+                row = features[b : b + 1], [(k[b : b + 1], v[b : b + 1]) for k, v in cross]
+                decode = self._decode_whole if w.window.commits_whole else self._decode_agreed
                 try:
-                    d = self._decode_whole(w.beam_size, opts, d, features[b : b + 1],
-                                           [(k[b : b + 1], v[b : b + 1]) for k, v in cross], search_stop)
+                    d = decode(w.beam_size, opts, d, *row, search_stop)
                 except Exception as e:  # failed below, for this session alone
                     d = e
             kept.append(d)
@@ -364,6 +367,33 @@ class ModelRunner:
         # (a search and a fallback are given nothing: the odds are the greedy decode's)
         return replace(decoded, given_logprob=greedy.given_logprob)
 
+    def _decode_agreed(self, beam_size: int, options: DecodingOptions, greedy: DecodingResult,
+                       features: torch.Tensor, cross: list[tuple[torch.Tensor, torch.Tensor]],
+                       stop: Callable[[], bool] | None = None) -> DecodingResult:
+        """A partial's decode whose words agreement may commit (an utterance that ran past
+        `agree_after_ms` with no pause to end it), searched with `beam_size` beams as a final
+        is: agreement commits what two searched readings share, as a final commits a searched
+        one (the words greedy readings agreed on read about 7 points worse than offline's:
+        docs/evaluation.md, Searched partials). The greedy decode stays where the search is given up or
+        fails Whisper's fallback rule (a failed decode counts for nothing in agreement, and a
+        partial is not sampled hotter), or passes over speech the greedy decode read: it starts
+        reading over a second later, or spells under SHORT_READING of its letters (in run-on
+        speech five beams read a window from "The rainforest", 5 s in, its first words stretched
+        over the speech the greedy decode read, decode after decode, until the full window
+        committed them and lost 3.8 s). features: (1, n_audio_ctx, n_state); cross: its `cross_kv`."""
+        if beam_size <= 1 or greedy.needs_fallback:
+            return greedy
+        try:
+            searched = decode_beam(self.model, self.bundle.tokenizer, features, cross, options,
+                                   self.bundle.suppress, beam_size, stop)
+        except DecodingCancelled:
+            return greedy
+        begin = self.bundle.tokenizer.timestamp_begin
+        late = _first_time(searched, begin) > _first_time(greedy, begin) + POSITIONS_PER_SECOND
+        if searched.needs_fallback or late or _letters(searched) < SHORT_READING * _letters(greedy):
+            return greedy
+        return replace(searched, given_logprob=greedy.given_logprob)
+
     @staticmethod
     def _options(w: WindowInput) -> DecodingOptions:
         seconds = positions_to_seconds(w.window.window_end - w.window.window_start)
@@ -385,6 +415,15 @@ class ModelRunner:
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
                             tokens=decoded.tokens, failed=decoded.needs_fallback, timed=starts is not None,
                             given_logprob=decoded.given_logprob)
+
+
+def _letters(decoded: DecodingResult) -> int:
+    return sum(c.isalnum() for c in decoded.text)
+
+
+def _first_time(decoded: DecodingResult, timestamp_begin: int) -> int:
+    """Where a decode's reading starts: its first timestamp (positions from the window's start)."""
+    return next((t - timestamp_begin for t in decoded.tokens if t >= timestamp_begin), 0)
 
 
 def _failed(window: ScheduledWindow, e: Exception) -> WindowResult:

@@ -14,7 +14,7 @@ from app.metrics import Metrics
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.beam import decode_beam
-from engine.model.decoding import DecodingCancelled, DecodingOptions, decode, decode_batch
+from engine.model.decoding import DecodingCancelled, DecodingOptions, DecodingResult, decode, decode_batch
 from engine.model.loader import default_model_path, load_state
 from engine.model.transcribe import transcribe
 from scripts.wer import normalize
@@ -118,6 +118,69 @@ def test_finals_are_searched_with_beams_and_partials_stay_greedy(monkeypatch):
     calls.clear()
     stream(Engine(bundle(), EngineConfig(beam_size=1)), ["s"], [samples.numpy()])
     assert calls == []
+
+
+def test_partials_that_agreement_may_commit_are_searched(monkeypatch):
+    """An utterance that runs past agree_after_ms with no pause to end it (no endpoint under
+    2 s here): its partials whose words agreement may commit are searched with the session's
+    beams, as finals are, and agreement commits words before the stream ends; the partials
+    before that stay greedy."""
+    samples, _ = concatenated([librivox_path(c) for c in ARCTIC_IDS[:2]], gap_seconds=0.3)
+    calls = searched_windows(monkeypatch)
+    agreed = []
+    record = model_runner.ModelRunner._decode_agreed
+    monkeypatch.setattr(model_runner.ModelRunner, "_decode_agreed",
+                        lambda self, *a, **k: agreed.append(a[0]) or record(self, *a, **k))
+
+    def committed_before_the_end(beam_size: int) -> list:
+        engine = Engine(bundle(), EngineConfig(beam_size=beam_size, endpoint_ms=2000, agree_after_ms=2000))
+        engine.add_request("s")
+        words = []
+        for i in range(0, len(samples), 3200):
+            engine.add_audio("s", samples[i : i + 3200].numpy())
+            words += [w for out in engine.step() for w in out.committed]
+        return words
+
+    words = committed_before_the_end(3)
+    assert len(words) >= 5  # agreement committed them
+    assert len(agreed) >= 2 and set(agreed) == {3} and len(calls) == len(agreed)
+    assert all(beams == 3 for beams, _ in calls)
+    calls.clear()
+    agreed.clear()
+    assert len(committed_before_the_end(1)) >= 5 and calls == []
+
+    # two such partials in one step are read greedy (each would wait for the other's search)
+    for sessions, beams in ((["a"], [3]), (["a", "b"], [1, 1])):
+        engine = Engine(bundle(), EngineConfig(beam_size=3, endpoint_ms=2000, agree_after_ms=2000))
+        for rid in sessions:
+            engine.add_request(rid)
+            engine.add_audio(rid, samples[: 4 * 16000].numpy())
+        step = engine.schedule()
+        assert [(w.timed, w.window.preview, w.beam_size) for w in step.model_input.windows] == \
+            [(True, False, b) for b in beams]
+
+
+def test_a_searched_partial_that_passes_over_what_the_greedy_one_read_is_not_kept(monkeypatch):
+    """In run-on speech five beams read a window from "The rainforest", 5 s in, where the greedy
+    decode read its first words, decode after decode: the beams passed over speech the greedy
+    one read, and the partial keeps its greedy reading, where the search starts reading over a
+    second later or spells under SHORT_READING of its letters. A search that starts within a
+    second of it and reads as much is kept; the greedy decode stays where the search fails
+    Whisper's fallback rule, and with one beam."""
+    runner = model_runner.ModelRunner(bundle())
+    begin = runner.bundle.tokenizer.timestamp_begin
+    said = " On quiet mornings she teaches students to draw."
+
+    def reading(start: int, text: str = said, logprob: float = -0.3) -> DecodingResult:
+        return DecodingResult([begin + start, 383, begin + start + 40], text, logprob, 0.1, 1.2, "eot")
+
+    greedy = reading(0)
+    for searched, kept in ((reading(250), greedy), (reading(0, " The rainforest is home."), greedy),
+                           (reading(40, " On quiet mornings she teaches students two draw."), None),
+                           (reading(0, logprob=-1.5), greedy)):
+        monkeypatch.setattr(model_runner, "decode_beam", lambda *a, found=searched, **k: found)
+        assert runner._decode_agreed(5, DecodingOptions(), greedy, None, []).text == (kept or searched).text
+    assert runner._decode_agreed(1, DecodingOptions(), greedy, None, []) is greedy
 
 
 def final_text(output) -> str:

@@ -309,6 +309,28 @@ def test_a_partial_caught_in_a_loop_commits_nothing_and_leaves_the_tail_as_it_wa
     assert [w.text for w in out.committed] == [w.text for w in said]  # agrees with the last sound one
 
 
+def test_partials_that_pass_over_the_committed_words_agree_on_nothing():
+    """Two partials of run-on speech (no pause ends it) read on from 4 s after the window's
+    committed "... going to soak a lot", "The rainforest" stretched over the speech between:
+    agreed on, the 4 s ("patterns in the milk foam. The shop is busy ...") were lost. They count
+    for nothing; the tail stays the last decode's that read the committed words again."""
+    stream = speech_stream([(0, 20_000)])
+    said = words("on quiet mornings she is still going to soak a lot", 0)  # to 3.3 s
+    rest = "patterns in the milk foam the shop is busy all day"
+    out = read_partials(stream, said, 3_300, [(8_600, rest), (9_200, rest)])
+    assert [w.text for w in out.committed] == [w.text for w in said + words(rest, 3_300)][:-1]
+    committed = list(stream.policy.committed)
+    skipping = words("the rainforest", 3_300, 2_000) + words("is home to more kinds of animals", 7_300)
+    for end_ms in (10_400, 11_000):
+        stream.request.num_decoded_positions = ms_to_positions(end_ms)
+        assert not stream.policy.rereads(skipping)
+        out = stream.apply(WindowResult("s", skipping, final=False))
+        assert out.committed == [] and stream.policy.committed == committed
+    reread = said + words(rest, 3_300) + words("the rainforest is home", 6_600)
+    stream.request.num_decoded_positions = ms_to_positions(11_600)
+    assert stream.policy.rereads(reread) and stream.apply(WindowResult("s", reread, final=False)).tentative
+
+
 def test_partials_read_unsure_agree_on_nothing_and_the_final_reads_the_sentence_whole():
     """Two partials of a window read "I am afraid I was unable to create a connection to the
     Digium demonstration" (a recorded prompt) as "to the digital demonstration.", their "to"
