@@ -44,7 +44,9 @@ stream (engine/stream.py) applies them to its commit policy and timeline. Torch-
   window unsure agree on what they made up (two partials read "I am afraid I was unable to
   create a connection to the Digium..." as "to the digital demonstration.", at a mean token
   log-probability of -2.2, its "to" and "the" stretched over the skipped clause, and the
-  final that read it right found those words committed). Speech that repeats itself looks
+  final that read it right found those words committed). So does a decode that passed over
+  the window's committed words to later speech (its first words stretched over the speech
+  between, as a final that does is not committed). Speech that repeats itself looks
   alike (its text compresses as well): it waits for a final or a full window.
 - A window that cannot take another decode interval within 30 s commits its whole segments
   and moves to the end of the last one, as offline Whisper seeks; with none, it commits the

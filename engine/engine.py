@@ -239,8 +239,8 @@ class Engine:
         # none left out of the step, none in it (the step's finals are searched one by one)
         alone = sum(w.live_final for w in scheduled.windows) <= 1
         beam_size = self.config.beam_size if self.searching and alone and not self.finals_waiting() else 1
-        # so is a partial's whose words agreement may commit, alone in its step: several would
-        # be searched one after another, and the finals that fall due wait for the step
+        # a partial whose words agreement may commit is searched too, as the one such window of
+        # its step: several would be searched one after another, and finals due wait for the step
         agreeing = sum(not w.commits_whole and self.streams[w.request_id].may_commit(w)
                        for w in scheduled.windows)
         inp = ModelInput(freed_mm_hashes=scheduled.freed_mm_hashes)
