@@ -160,8 +160,9 @@ class WindowFacts:
     resume: int | None = None
     # the decode's odds for the closing mark of the sentence it was given (WindowResult.given_logprob)
     given_logprob: float | None = None
-    # the decode read the window's committed words again (LocalAgreement.rereads), as a partial
-    # that agreement may commit has to: one that passed over them to later speech stretches
+    # (a partial) the decode read the window's committed words again (LocalAgreement.rereads),
+    # as one that agreement may commit has to (a final's are checked as it is applied, a
+    # preview commits nothing): one that passed over them to later speech stretches
     # its first words over the speech between ("The rainforest" over 4 s of "patterns in the
     # milk foam. The shop is busy all day", after a committed "... a lot")
     rereads: bool = True

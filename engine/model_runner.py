@@ -390,7 +390,7 @@ class ModelRunner:
             return greedy
         begin = self.bundle.tokenizer.timestamp_begin
         late = _first_time(searched, begin) > _first_time(greedy, begin) + POSITIONS_PER_SECOND
-        if searched.needs_fallback or late or _letters(searched) < SHORT_READING * _letters(greedy):
+        if searched.needs_fallback or late or searched.letters < SHORT_READING * greedy.letters:
             return greedy
         return replace(searched, given_logprob=greedy.given_logprob)
 
@@ -415,10 +415,6 @@ class ModelRunner:
                             complete_ms=seconds_to_ms(complete), temperature=decoded.temperature,
                             tokens=decoded.tokens, failed=decoded.needs_fallback, timed=starts is not None,
                             given_logprob=decoded.given_logprob)
-
-
-def _letters(decoded: DecodingResult) -> int:
-    return sum(c.isalnum() for c in decoded.text)
 
 
 def _first_time(decoded: DecodingResult, timestamp_begin: int) -> int:

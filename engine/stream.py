@@ -568,7 +568,8 @@ class Stream:
             resume = max(start, min(after, end))
         return commit.WindowFacts(start, end, result.final, result.preview, flushed, result.silence,
                                   complete, self._pending_ms(end), result.failed, resume,
-                                  result.given_logprob, self.policy.rereads(result.words))
+                                  result.given_logprob,
+                                  result.final or result.preview or self.policy.rereads(result.words))
 
     def _pending_ms(self, end: int) -> int:
         """Audio that waits uncommitted up to `end` (positions), for agreement's bound

@@ -86,6 +86,11 @@ class DecodingResult:
     given_logprob: float | None = None
 
     @property
+    def letters(self) -> int:
+        """The letters and digits its text spells: how much of the speech it read."""
+        return sum(c.isalnum() for c in self.text)
+
+    @property
     def ran_away(self) -> bool:
         """It ran past its budget, or its text compresses too well (a sentence said over and
         over): the signs of a loop that remain once a repeat's copies are dropped."""

@@ -110,14 +110,10 @@ def decode_with_fallback(bundle: ModelBundle, features: torch.Tensor, prompt: li
                 return result
             tried.append(result)
     whole = [r for r in tried if not r.ran_away] or tried
-    longest = max(map(_letters, whole))
-    read = [r for r in whole if r.stop != "repetition" or _letters(r) >= LOOP_READ_SHARE * longest]
+    longest = max(r.letters for r in whole)
+    read = [r for r in whole if r.stop != "repetition" or r.letters >= LOOP_READ_SHARE * longest]
     best = max(read, key=lambda r: r.avg_logprob)
     return dataclasses.replace(best, temperature=tried[-1].temperature)
-
-
-def _letters(result: DecodingResult) -> int:
-    return sum(c.isalnum() for c in result.text)
 
 
 def _decode_ladder(bundle: ModelBundle, features: torch.Tensor,
