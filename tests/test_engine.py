@@ -912,6 +912,34 @@ def test_a_sessions_words_do_not_depend_on_how_its_audio_is_cut_into_messages():
         assert words(chunk) == expected, chunk
 
 
+def test_the_decode_trace_shows_each_final_of_its_span_and_what_it_committed(capsys):
+    """scripts/trace_decodes.py, on two recordings a second apart: each final in its span is
+    printed with its window and reading, and the words committed in the span; a span over the
+    second recording alone leaves the first recording's words out."""
+    from scripts import trace_decodes
+
+    samples, reference = concatenated([librivox_path(c) for c in ARCTIC_IDS[:2]], gap_seconds=1.0)
+    second = transcripts()[librivox_path(ARCTIC_IDS[1])]
+    second_ms = int(audio(librivox_path(ARCTIC_IDS[0])).shape[0] / 16) + 1000
+
+    def trace(lo_ms: int, hi_ms: int) -> list[str]:
+        engine = Engine(bundle())
+        trace_decodes.traced(engine, bundle().tokenizer, lo_ms, hi_ms, previews=False)
+        trace_decodes.replay(engine, samples.numpy(), 1600, lo_ms, hi_ms)
+        return capsys.readouterr().out.splitlines()
+
+    lines = trace(0, 10**9)
+    assert sum(line.startswith("--- final") for line in lines) >= 2
+    assert not any(line.startswith("--- preview") for line in lines)
+    text = "".join(line.split(" s: ", 1)[1] for line in lines if line.startswith("    committed from"))
+    errors, n = word_errors(reference, text)
+    assert errors / n <= 0.2, text
+    later = trace(second_ms, 10**9)
+    text = "".join(line.split(" s: ", 1)[1] for line in later if line.startswith("    committed from"))
+    errors, n = word_errors(second, text)
+    assert errors / n <= 0.2, text
+
+
 def edit_vad(monkeypatch, edit) -> list[int]:
     """Patch the engine's VAD: `edit(probs, index)` changes the speech probabilities of each
     call in place, `index` each chunk's in the session (one session) -> [chunks heard]."""

@@ -2,7 +2,7 @@
 streams it: every final's and partial's window between two times, with its prompt, its
 reading (timestamps relative to the window's start) and the words each step committed.
 
-    scripts/dev.sh run python scripts/trace.py FILE --from 74 --to 89 [--previews] [--threads 1]
+    scripts/dev.sh run python scripts/trace_decodes.py FILE --from 74 --to 89 [--previews] [--threads 1]
 
 Where a row of `evaluate.py` reads worse than offline, this shows which decode committed the
 words and what it was given: the window (a second reading starts at the last final's end and
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,10 +69,26 @@ def traced(engine: Engine, tokenizer: Tokenizer, lo_ms: int, hi_ms: int, preview
 
 
 def committed(outputs: list[EngineOutput], lo_ms: int, hi_ms: int) -> None:
+    """Print the words the outputs commit that lie in [lo_ms, hi_ms)."""
     for o in outputs:
         words = [w for w in o.committed if lo_ms <= w.end_ms and w.start_ms < hi_ms]
         if words:
             print(f"    committed from {words[0].start_ms / 1000:.2f} s: {''.join(w.text for w in words)}")
+
+
+def replay(engine: Engine, samples: np.ndarray, chunk: int, lo_ms: int, hi_ms: int) -> None:
+    """Stream (n,) 16 kHz samples into `engine` in `chunk`s, every ready step run before the
+    next (`evaluate.py --replay`), up to 10 s past `hi_ms` (the span's finals fall due), and
+    print the words committed in [lo_ms, hi_ms)."""
+    stop = min(len(samples), (hi_ms + 10_000) * SAMPLE_RATE // 1000)
+    engine.add_request("trace")
+    for i in range(0, stop, chunk):
+        engine.add_audio("trace", samples[i : i + chunk])
+        while engine.has_work():
+            committed(engine.step(), lo_ms, hi_ms)
+    engine.finish("trace")
+    while engine.has_request("trace"):
+        committed(engine.step(), lo_ms, hi_ms)
 
 
 def main() -> None:
@@ -89,18 +106,7 @@ def main() -> None:
     engine = Engine(bundle, replace(EngineConfig(), worker_process=False))
     lo_ms, hi_ms = int(args.lo * 1000), int(min(args.hi, 1e9) * 1000)
     traced(engine, bundle.tokenizer, lo_ms, hi_ms, args.previews)
-    samples = load_audio(args.file).numpy()
-    chunk = SAMPLE_RATE * args.chunk_ms // 1000
-    # the audio up to a few seconds past the span: its finals fall due
-    stop = min(len(samples), (hi_ms + 10_000) * SAMPLE_RATE // 1000)
-    engine.add_request("trace")
-    for i in range(0, stop, chunk):
-        engine.add_audio("trace", samples[i : i + chunk])
-        while engine.has_work():
-            committed(engine.step(), lo_ms, hi_ms)
-    engine.finish("trace")
-    while engine.has_request("trace"):
-        committed(engine.step(), lo_ms, hi_ms)
+    replay(engine, load_audio(args.file).numpy(), SAMPLE_RATE * args.chunk_ms // 1000, lo_ms, hi_ms)
 
 
 if __name__ == "__main__":
