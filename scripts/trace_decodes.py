@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = load_bundle(device="cpu")
-    engine = Engine(bundle, replace(EngineConfig(), worker_process=False))
+    engine = Engine(bundle, EngineConfig())  # (in this process: the runner is wrapped)
     lo_ms, hi_ms = int(args.lo * 1000), int(min(args.hi, 1e9) * 1000)
     traced(engine, bundle.tokenizer, lo_ms, hi_ms, args.previews)
     replay(engine, load_audio(args.file).numpy(), SAMPLE_RATE * args.chunk_ms // 1000, lo_ms, hi_ms)
