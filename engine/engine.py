@@ -241,8 +241,8 @@ class Engine:
         beam_size = self.config.beam_size if self.searching and alone and not self.finals_waiting() else 1
         # a partial whose words agreement may commit is searched too, as the one such window of
         # its step: several would be searched one after another, and finals due wait for the step
-        agreeing = sum(not w.commits_whole and self.streams[w.request_id].may_commit(w)
-                       for w in scheduled.windows)
+        commits = {w.request_id: self.streams[w.request_id].may_commit(w) for w in scheduled.windows}
+        agreeing = sum(commits[w.request_id] and not w.commits_whole for w in scheduled.windows)
         inp = ModelInput(freed_mm_hashes=scheduled.freed_mm_hashes)
         for request_id, indices in scheduled.encoder_inputs.items():
             features = self.streams[request_id].request.mm_features
@@ -264,7 +264,7 @@ class Engine:
             draft = stream.draft(window.window_start, window.preview)
             inp.windows.append(WindowInput(window, pieces, prompt, draft,
                                            stream.forced(window.window_start, window.preview),
-                                           stream.may_commit(window), stream.heard_speech(window),
+                                           commits[window.request_id], stream.heard_speech(window),
                                            beam_size if window.commits_whole or agreeing <= 1 else 1))
         return StepInput(scheduled, inp)
 
