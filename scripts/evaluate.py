@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -232,22 +233,23 @@ async def stream_all(results: list[Result], parallel: int, fast: bool, config: E
         await asyncio.gather(*(one(base, r) for r in longest_first))
 
 
-def replay_clip(engine: Engine, samples: np.ndarray, chunk: int) -> Words:
-    """Stream `samples` into `engine`, every ready step run before the next chunk."""
-    words: Words = []
-
-    def take(outputs: list[EngineOutput]) -> None:
-        words.extend((w.start_ms / 1000, w.end_ms / 1000, w.text) for o in outputs for w in o.committed)
-
+def replay_steps(engine: Engine, samples: np.ndarray, chunk: int) -> Iterator[list[EngineOutput]]:
+    """Stream `samples` into `engine` in `chunk`s, every ready step run before the next chunk,
+    then finish the session -> each step's outputs."""
     engine.add_request("r")
     for i in range(0, len(samples), chunk):
         engine.add_audio("r", samples[i : i + chunk])
         while engine.has_work():
-            take(engine.step())
+            yield engine.step()
     engine.finish("r")
     while engine.has_request("r"):
-        take(engine.step())
-    return words
+        yield engine.step()
+
+
+def replay_clip(engine: Engine, samples: np.ndarray, chunk: int) -> Words:
+    """Stream `samples` into `engine` (`replay_steps`) -> the words it committed."""
+    return [(w.start_ms / 1000, w.end_ms / 1000, w.text)
+            for outputs in replay_steps(engine, samples, chunk) for o in outputs for w in o.committed]
 
 
 def replay_all(results: list[Result], config: EngineConfig, model: ModelBundle,

@@ -31,6 +31,7 @@ from engine.model import load_bundle  # noqa: E402
 from engine.model.tokenizer import Tokenizer  # noqa: E402
 from engine.model_runner import ModelInput, RunnerOutput  # noqa: E402
 from engine.timeline import positions_to_ms  # noqa: E402
+from scripts.evaluate import replay_steps  # noqa: E402
 
 
 def spelled(tokenizer: Tokenizer, tokens: list[int]) -> str:
@@ -79,15 +80,10 @@ def replay(engine: Engine, samples: np.ndarray, chunk: int, lo_ms: int, hi_ms: i
     """Stream (n,) 16 kHz samples into `engine` in `chunk`s, every ready step run before the
     next (`evaluate.py --replay`), up to 10 s past `hi_ms` (the span's finals fall due), and
     print the words committed in [lo_ms, hi_ms)."""
-    stop = min(len(samples), (hi_ms + 10_000) * SAMPLE_RATE // 1000)
-    engine.add_request("trace")
-    for i in range(0, stop, chunk):
-        engine.add_audio("trace", samples[i : i + chunk])
-        while engine.has_work():
-            committed(engine.step(), lo_ms, hi_ms)
-    engine.finish("trace")
-    while engine.has_request("trace"):
-        committed(engine.step(), lo_ms, hi_ms)
+    end = (hi_ms + 10_000) * SAMPLE_RATE // 1000
+    chunks = -(-end // chunk)  # those that start before `end`, each sent whole
+    for outputs in replay_steps(engine, samples[: chunks * chunk], chunk):
+        committed(outputs, lo_ms, hi_ms)
 
 
 def main() -> None:
